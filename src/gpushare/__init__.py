@@ -1,0 +1,3 @@
+"""gpushare: safe sharing of NVIDIA GPUs between Kubernetes pods."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,152 @@
+"""Reading the Alibaba cluster-trace-gpu-v2023 node and pod lists into model objects.
+
+Every problem is reported as one line naming the file, the row and what is wrong: these files
+come from users, who should not have to read a traceback to fix them.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpushare.model import Gpu, Node, Request
+
+MILLI_PER_GPU = 1000
+# The trace gives GPU shares, not sizes: every simulated GPU has this much memory, so that one
+# thousandth of a GPU is exactly 16 MiB and shares stay exact integers.
+SIM_GPU_MEMORY_MIB = 16 * MILLI_PER_GPU
+
+DATA_DIR = Path(__file__).resolve().parents[3] / "data" / "alibaba-gpu-v2023"
+DEFAULT_NODES = DATA_DIR / "openb_node_list_gpu_node.csv"
+DEFAULT_PODS = DATA_DIR / "openb_pod_list_default.csv"
+
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be used; the message names the file, row and problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class TracePod:
+    """A pod of the trace: its request and the GPU it asks for, in GPUs (for arrival)."""
+
+    request: Request
+    requested_gpus: float
+
+
+def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except OSError as error:
+        raise TraceError(f"{path}: cannot read: {error.strerror}") from None
+    with handle:
+        try:
+            reader = csv.DictReader(handle)
+            header = reader.fieldnames or []
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
+            # Row numbers as a spreadsheet shows them: the header is row 1.
+            for row_number, row in enumerate(reader, start=2):
+                if None in row or any(row.get(c) is None for c in columns):
+                    raise TraceError(f"{path}: row {row_number}: wrong number of fields")
+                yield row_number, row
+        except UnicodeDecodeError:
+            raise TraceError(f"{path}: not a UTF-8 text file") from None
+        except csv.Error as error:
+            raise TraceError(f"{path}: not a valid CSV file: {error}") from None
+
+
+def _count(path: Path, row_number: int, row: dict[str, str], column: str) -> int:
+    text = row[column].strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise TraceError(
+            f"{path}: row {row_number}: {column} must be a whole number, got {text!r}"
+        ) from None
+    if value < 0:
+        raise TraceError(f"{path}: row {row_number}: {column} must not be negative, got {value}")
+    return value
+
+
+def load_nodes(path: Path) -> list[Node]:
+    nodes: list[Node] = []
+    seen: set[str] = set()
+    for row_number, row in _rows(path, NODE_COLUMNS):
+        name = row["sn"].strip()
+        if not name:
+            raise TraceError(f"{path}: row {row_number}: sn (node name) is empty")
+        if name in seen:
+            raise TraceError(f"{path}: row {row_number}: node {name} appears twice")
+        seen.add(name)
+        gpu_count = _count(path, row_number, row, "gpu")
+        model = row["model"].strip()
+        if gpu_count and not model:
+            raise TraceError(f"{path}: row {row_number}: node {name} has GPUs but no model")
+        gpus = tuple(
+            Gpu(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_mib=SIM_GPU_MEMORY_MIB)
+            for i in range(gpu_count)
+        )
+        nodes.append(
+            Node(
+                name=name,
+                gpus=gpus,
+                cpu_milli=_count(path, row_number, row, "cpu_milli"),
+                memory_mib=_count(path, row_number, row, "memory_mib"),
+            )
+        )
+    if not nodes:
+        raise TraceError(f"{path}: no nodes")
+    return nodes
+
+
+def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
+    """Pods as requests; a pod that no node could ever hold is an error, not a failure."""
+    widest = max(len(node.gpus) for node in nodes)
+    models = {gpu.model for node in nodes for gpu in node.gpus}
+    pods: list[TracePod] = []
+    for row_number, row in _rows(path, POD_COLUMNS):
+        where = f"{path}: row {row_number}"
+        name = row["name"].strip() or f"row-{row_number}"
+        cpu_milli = _count(path, row_number, row, "cpu_milli")
+        memory_mib = _count(path, row_number, row, "memory_mib")
+        gpu_count = _count(path, row_number, row, "num_gpu")
+        gpu_milli = _count(path, row_number, row, "gpu_milli")
+        allowed = frozenset(m.strip() for m in row["gpu_spec"].split("|") if m.strip())
+        if gpu_milli > MILLI_PER_GPU:
+            raise TraceError(f"{where}: gpu_milli must be at most 1000, got {gpu_milli}")
+        if gpu_count == 0 and gpu_milli:
+            raise TraceError(f"{where}: gpu_milli is {gpu_milli} but num_gpu is 0")
+        if gpu_count and not gpu_milli:
+            raise TraceError(f"{where}: num_gpu is {gpu_count} but gpu_milli is 0")
+        if gpu_count > widest:
+            raise TraceError(
+                f"{where}: pod {name} asks for {gpu_count} GPUs but no node has more than {widest}"
+            )
+        unknown = allowed - models
+        if unknown and not allowed & models:
+            raise TraceError(
+                f"{where}: gpu_spec {row['gpu_spec']!r} names no GPU model of the node list"
+            )
+        exclusive = gpu_milli == MILLI_PER_GPU
+        request = Request(
+            name=f"{name}",
+            cpu_milli=cpu_milli,
+            memory_mib=memory_mib,
+            gpu_count=gpu_count,
+            memory_mib_per_gpu=0 if exclusive else gpu_milli * SIM_GPU_MEMORY_MIB // MILLI_PER_GPU,
+            core_percent_per_gpu=0 if exclusive else -(-gpu_milli * 100 // MILLI_PER_GPU),
+            exclusive=exclusive,
+            allowed_models=allowed,
+        )
+        pods.append(TracePod(request, gpu_count * gpu_milli / MILLI_PER_GPU))
+    if not pods:
+        raise TraceError(f"{path}: no pods")
+    return pods
