@@ -111,9 +111,7 @@ class Placer:
         fits &= eligible.sum(axis=1) >= request.gpu_count
         return fits, eligible
 
-    def reason(
-        self, request: Request, node: int, eligible: np.ndarray | None = None
-    ) -> str | None:
+    def reason(self, request: Request, node: int, eligible: np.ndarray | None = None) -> str | None:
         """Why the node cannot take the request, in a few words; None if it can."""
         ledger = self.ledger
         cpu_free = int(ledger.cpu_free_milli[node])
@@ -122,8 +120,7 @@ class Placer:
         memory_free = int(ledger.memory_free_mib[node])
         if memory_free < request.memory_mib:
             return (
-                f"insufficient memory (need {_size(request.memory_mib)}, "
-                f"free {_size(memory_free)})"
+                f"insufficient memory (need {_size(request.memory_mib)}, free {_size(memory_free)})"
             )
         if not request.uses_gpu:
             return None
@@ -208,8 +205,12 @@ class Placer:
             GpuShare(
                 uuid=gpus[slot].uuid,
                 index=gpus[slot].index,
-                memory_mib=gpus[slot].memory_mib if request.exclusive else request.memory_mib_per_gpu,
-                core_percent=FULL_CORE_PERCENT if request.exclusive else request.core_percent_per_gpu,
+                memory_mib=gpus[slot].memory_mib
+                if request.exclusive
+                else request.memory_mib_per_gpu,
+                core_percent=FULL_CORE_PERCENT
+                if request.exclusive
+                else request.core_percent_per_gpu,
                 exclusive=request.exclusive,
             )
             for slot in slots

@@ -95,9 +95,10 @@ def _score_best_fit(ctx: Context, request: Request, nodes: np.ndarray, _e: np.nd
     averaged; integer scores rescaled to 0..100 as the paper's simulator does."""
     ledger = ctx.ledger
     max_cpu, max_gpus = _cluster_max(ledger)
-    remaining = 0.5 * (ledger.cpu_free_milli[nodes] - request.cpu_milli) / max_cpu + 0.5 * (
-        _free_gpus(ledger, nodes) - _requested_gpus(ledger, request, nodes)
-    ) / max_gpus
+    remaining = (
+        0.5 * (ledger.cpu_free_milli[nodes] - request.cpu_milli) / max_cpu
+        + 0.5 * (_free_gpus(ledger, nodes) - _requested_gpus(ledger, request, nodes)) / max_gpus
+    )
     raw = np.trunc((1.0 - remaining) * 100)
     low, high = raw.min(), raw.max()
     if high == low:
@@ -265,4 +266,3 @@ POLICIES: dict[str, Policy] = {
 }
 
 DEFAULT_POLICY = "fgd"  # replaced by our own policy once designed
-

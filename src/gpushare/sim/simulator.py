@@ -41,7 +41,9 @@ class SeedResult:
         return float(self.allocated_pct[min(index, len(self.allocated_pct) - 1)])
 
 
-def arrival_order(pods: Sequence[TracePod], seed: int, inflate: float, capacity: float) -> list[int]:
+def arrival_order(
+    pods: Sequence[TracePod], seed: int, inflate: float, capacity: float
+) -> list[int]:
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pods)).tolist()
     requested = sum(pod.requested_gpus for pod in pods)
