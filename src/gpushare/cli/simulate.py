@@ -29,15 +29,17 @@ def parse_seeds(text: str) -> list[int]:
     try:
         if ".." in text:
             first, last = (int(part) for part in text.split("..", 1))
-            if last < first:
-                raise UsageError(f"--seeds {text!r}: the range ends before it starts")
             seeds = list(range(first, last + 1))
+            if last < first:
+                seeds = []
         else:
             seeds = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise UsageError(
             f"--seeds {text!r}: expected a range A..B or a list like 1,2,3 of whole numbers"
         ) from None
+    if ".." in text and not seeds:
+        raise UsageError(f"--seeds {text!r}: the range ends before it starts")
     if not seeds:
         raise UsageError(f"--seeds {text!r}: no seeds given")
     if any(seed < 0 for seed in seeds):
@@ -60,16 +62,18 @@ def check_policy(name: str) -> str:
     return name
 
 
-def check_output(path: Path | None, option: str) -> None:
+def check_output(path: Path | None, option: str, suffix: str) -> None:
     if path is None:
         return
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a folder")
+    if path.suffix.lower() != suffix:
+        raise UsageError(f"{option} {path}: the file name must end in {suffix}")
     parent = path.resolve().parent
     if not parent.is_dir():
         raise UsageError(f"{option} {path}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{option} {path}: folder {parent} is not writable")
-    if path.is_dir():
-        raise UsageError(f"{option} {path}: is a folder")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -125,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
         policies = [check_policy(name) for name in dict.fromkeys(args.policy)]
         inflate = _positive(args.inflate, "--inflate", float)
         workers = int(_positive(args.workers, "--workers", int))
-        check_output(args.json, "--json")
-        check_output(args.plot, "--plot")
+        check_output(args.json, "--json", ".json")
+        check_output(args.plot, "--plot", ".png")
         nodes = load_nodes(args.nodes)
         pods = load_pods(args.pods, nodes)
     except (UsageError, TraceError) as error:
@@ -143,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
         pods_path=args.pods,
         workers=workers,
     )
-    console = Console()
+    # Off a terminal (CI logs, a file) rich would assume 80 columns and cut the table.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     interactive = sys.stderr.isatty()
     total = len(policies) * len(seeds)
     if interactive:

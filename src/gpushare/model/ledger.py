@@ -161,6 +161,14 @@ class Ledger:
             raise CapacityError(f"{where}: uuid {share.uuid} is not {node.gpus[slot].uuid}")
         if self.gpu_exclusive[i, slot]:
             raise CapacityError(f"{where}: held exclusively, cannot take another share")
+        if share.exclusive and (
+            share.memory_mib != node.gpus[slot].memory_mib
+            or share.core_percent != FULL_CORE_PERCENT
+        ):
+            raise CapacityError(
+                f"{where}: an exclusive share must hold the whole GPU "
+                f"({node.gpus[slot].memory_mib} MiB, {FULL_CORE_PERCENT}%)"
+            )
         if share.exclusive and self.gpu_sharers[i, slot] > 0:
             raise CapacityError(
                 f"{where}: exclusive use asked but {self.gpu_sharers[i, slot]} share(s) hold it"

@@ -135,10 +135,13 @@ class Placer:
         have = int(eligible[node].sum())
         if have >= request.gpu_count:
             return None
-        healthy = ledger.gpu_present[node] & ledger.gpu_healthy[node]
+        usable = ledger.gpu_present[node] & ledger.gpu_healthy[node] & ~ledger.gpu_exclusive[node]
+        if request.allowed_models:
+            allowed = np.array([m in request.allowed_models for m in ledger.models] + [False])
+            usable &= allowed[ledger.gpu_model_id[node]]
         if request.exclusive:
             return f"{have} whole free GPU(s), need {request.gpu_count}"
-        free = np.where(healthy, ledger.gpu_free_memory_mib[node], -1)
+        free = np.where(usable, ledger.gpu_free_memory_mib[node], -1)
         best_slot = int(np.argmax(free))
         need = _size(request.memory_mib_per_gpu)
         if request.gpu_count == 1 and free[best_slot] < request.memory_mib_per_gpu:

@@ -39,6 +39,7 @@ class FragmentationCache:
 
     def __init__(self, ledger: Ledger, workload: TargetWorkload) -> None:
         self.ledger = ledger
+        self.target = workload
         self.workload = WorkloadArrays(workload, ledger.models)
         self._snapshots: dict[int, _NodeSnapshot] = {}
         self._frag_memo: dict[NodeState, float] = {}

@@ -21,6 +21,7 @@ import numpy as np
 from gpushare.model import Request
 
 DEFAULT_COVERAGE = 0.95  # the paper's typical shapes cover 95% of tasks
+DEFAULT_GPU_MEMORY_MIB = 16_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +49,27 @@ class Shape:
 
 @dataclass(frozen=True)
 class TargetWorkload:
-    """The typical shapes of a workload and the share of tasks each accounts for."""
+    """The typical shapes of a workload and the share of tasks each accounts for, and how much
+    host CPU and memory its GPU tasks take per GPU."""
 
     shapes: tuple[Shape, ...]
     weights: tuple[float, ...]
+    cpu_milli_per_gpu: float = 0.0
+    host_memory_mib_per_gpu: float = 0.0
 
     @classmethod
     def from_requests(
-        cls, requests: Iterable[Request], coverage: float = DEFAULT_COVERAGE
+        cls,
+        requests: Iterable[Request],
+        coverage: float = DEFAULT_COVERAGE,
+        gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB,
     ) -> TargetWorkload:
-        """The most frequent shapes that together cover ``coverage`` of the requests."""
+        """The most frequent shapes that together cover ``coverage`` of the requests.
+
+        ``gpu_memory_mib`` is the memory of a typical GPU of the cluster: it turns a shared
+        request's memory into a fraction of a GPU when computing the per-GPU host demand.
+        """
+        requests = list(requests)
         counts = Counter(Shape.of(request) for request in requests)
         total = sum(counts.values())
         shapes: list[Shape] = []
@@ -71,8 +83,20 @@ class TargetWorkload:
             shapes.append(shape)
             weights.append(count)
             covered += count
+        gpus = cpu_milli = host_memory_mib = 0.0
+        for request in requests:
+            if request.uses_gpu:
+                per_gpu = 1.0 if request.exclusive else request.memory_mib_per_gpu / gpu_memory_mib
+                gpus += request.gpu_count * per_gpu
+                cpu_milli += request.cpu_milli
+                host_memory_mib += request.memory_mib
         # Weights are shares of the typical tasks, as in the paper's simulator.
-        return cls(tuple(shapes), tuple(w / covered for w in weights))
+        return cls(
+            tuple(shapes),
+            tuple(w / covered for w in weights),
+            cpu_milli_per_gpu=cpu_milli / gpus if gpus else 0.0,
+            host_memory_mib_per_gpu=host_memory_mib / gpus if gpus else 0.0,
+        )
 
 
 def _shape_sort_key(shape: Shape) -> tuple:

@@ -159,6 +159,59 @@ def _score_fgd(ctx: Context, request: Request, nodes: np.ndarray, _e: np.ndarray
     return np.trunc(100 / (1 + np.exp(increase)))
 
 
+# Our policy's knobs, tuned on the Alibaba 2023 trace (docs/placement.md shows the sweep).
+STRANDING_WEIGHT = 0.3  # GPUs of fragmentation one stranded GPU is worth
+HOST_HEADROOM = 1.1  # a node keeps this multiple of the workload's CPU and memory per GPU
+
+
+def _stranded_gpus(
+    free_gpus: np.ndarray,
+    cpu_free_milli: np.ndarray,
+    memory_free_mib: np.ndarray,
+    cpu_milli_per_gpu: float,
+    memory_mib_per_gpu: float,
+) -> np.ndarray:
+    """Free GPUs that the node's free CPU or host memory cannot feed at the workload's usual
+    host demand per GPU."""
+    stranded = np.zeros_like(free_gpus)
+    if cpu_milli_per_gpu > 0:
+        stranded = np.maximum(stranded, free_gpus - cpu_free_milli / cpu_milli_per_gpu)
+    if memory_mib_per_gpu > 0:
+        stranded = np.maximum(stranded, free_gpus - memory_free_mib / memory_mib_per_gpu)
+    return stranded
+
+
+def _score_fgd_balanced(ctx: Context, request: Request, nodes: np.ndarray, _e: np.ndarray):
+    """FGD's fragmentation growth, exact rather than on a 0..100 scale, plus the growth of
+    stranded GPUs: capacity that will sit idle because its node ran out of CPU or memory.
+
+    On the Alibaba trace FGD's failures near full load are mostly of this kind: CPU-only and
+    CPU-heavy tasks land on CPU-poor nodes (the fragmentation measure is flat for them), so
+    whole GPUs remain free where no task can get the CPU to use them.
+    """
+    assert ctx.fragmentation is not None
+    ledger = ctx.ledger
+    workload = ctx.fragmentation.target
+    cpu_per_gpu = HOST_HEADROOM * workload.cpu_milli_per_gpu
+    memory_per_gpu = HOST_HEADROOM * workload.host_memory_mib_per_gpu
+    free_before = _free_gpus(ledger, nodes)
+    free_after = free_before - _requested_gpus(ledger, request, nodes)
+    cpu_free = ledger.cpu_free_milli[nodes]
+    memory_free = ledger.memory_free_mib[nodes]
+    stranded_before = _stranded_gpus(
+        free_before, cpu_free, memory_free, cpu_per_gpu, memory_per_gpu
+    )
+    stranded_after = _stranded_gpus(
+        free_after,
+        cpu_free - request.cpu_milli,
+        memory_free - request.memory_mib,
+        cpu_per_gpu,
+        memory_per_gpu,
+    )
+    growth = ctx.fragmentation.increase(request, nodes)
+    return -(growth + STRANDING_WEIGHT * (stranded_after - stranded_before))
+
+
 # -- GPU halves --------------------------------------------------------------------------------
 
 
@@ -262,7 +315,14 @@ POLICIES: dict[str, Policy] = {
             needs_workload=True,
             description="fragmentation gradient descent (Weng et al., ATC'23)",
         ),
+        Policy(
+            "fgd-balanced",
+            _score_fgd_balanced,
+            _choose_fgd,
+            needs_workload=True,
+            description="FGD plus stranded-GPU growth from host CPU and memory (ours)",
+        ),
     )
 }
 
-DEFAULT_POLICY = "fgd"  # replaced by our own policy once designed
+DEFAULT_POLICY = "fgd-balanced"

@@ -55,7 +55,7 @@ def table(summaries: Sequence[PolicySummary], default_policy: str) -> Table:
     seeds = summaries[0].seeds if summaries else ()
     title = f"GPU allocation over {len(seeds)} seed(s); arrival = requested GPU, % of capacity"
     result = Table(title=title, title_justify="left")
-    result.add_column("policy")
+    result.add_column("policy", no_wrap=True)
     result.add_column("unallocated % at 100%\n(paper)", justify="right")
     for point in REPORT_POINTS_PCT:
         result.add_column(f"alloc % at {point}%", justify="right")
@@ -105,5 +105,5 @@ def plot(summaries: Sequence[PolicySummary], path: Path) -> None:
     seeds = summaries[0].seeds if summaries else ()
     axes.set_title(f"GPU allocation vs arrival, mean of {len(seeds)} seed(s)")
     figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(path, format="png")
     pyplot.close(figure)

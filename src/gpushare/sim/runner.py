@@ -14,7 +14,7 @@ import numpy as np
 from gpushare.model import Node
 from gpushare.placement.fragmentation import TargetWorkload
 from gpushare.sim.simulator import REPORT_POINTS_PCT, SeedResult, run_seed
-from gpushare.sim.trace import TracePod
+from gpushare.sim.trace import SIM_GPU_MEMORY_MIB, TracePod
 
 CURVE_ARRIVAL_PCT = tuple(float(x) for x in range(0, 131))
 
@@ -85,7 +85,9 @@ def simulate(
     spec: SimulationSpec, on_seed_done: ProgressCallback | None = None
 ) -> list[PolicySummary]:
     """Every (policy, seed) pair, spread over worker processes; summaries in policy order."""
-    workload = TargetWorkload.from_requests(pod.request for pod in spec.pods)
+    workload = TargetWorkload.from_requests(
+        (pod.request for pod in spec.pods), gpu_memory_mib=SIM_GPU_MEMORY_MIB
+    )
     tasks = [(policy, seed) for policy in spec.policies for seed in spec.seeds]
     results: dict[str, list[SeedResult]] = {policy: [] for policy in spec.policies}
     workers = max(1, min(spec.workers, len(tasks)))

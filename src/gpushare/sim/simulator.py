@@ -17,7 +17,7 @@ from gpushare.model import Ledger, Node
 from gpushare.placement.engine import Placement, Placer
 from gpushare.placement.frag_cache import FragmentationCache
 from gpushare.placement.fragmentation import TargetWorkload
-from gpushare.sim.trace import TracePod
+from gpushare.sim.trace import MILLI_PER_GPU, TracePod
 
 REPORT_POINTS_PCT = (90, 100, 110, 130)
 CURVE_STEP_PCT = 1.0
@@ -42,16 +42,21 @@ class SeedResult:
 
 
 def arrival_order(
-    pods: Sequence[TracePod], seed: int, inflate: float, capacity: float
+    pods: Sequence[TracePod], seed: int, inflate: float, capacity_gpus: int
 ) -> list[int]:
+    """Pod indices in arrival order: a shuffle of all pods, then draws with replacement until
+    the requested GPU reaches ``inflate`` times the capacity. Sums are in whole thousandths
+    of a GPU so that no rounding decides when to stop."""
+    if not any(pod.requested_gpu_milli for pod in pods):
+        raise ValueError("no pod asks for a GPU: arrival would never reach the target")
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pods)).tolist()
-    requested = sum(pod.requested_gpus for pod in pods)
-    target = inflate * capacity
-    while requested < target:
+    requested_milli = sum(pod.requested_gpu_milli for pod in pods)
+    target_milli = round(inflate * capacity_gpus * MILLI_PER_GPU)
+    while requested_milli < target_milli:
         index = int(rng.integers(len(pods)))
         order.append(index)
-        requested += pods[index].requested_gpus
+        requested_milli += pods[index].requested_gpu_milli
     return order
 
 
@@ -76,7 +81,8 @@ def run_seed(
     order = arrival_order(pods, seed, inflate, capacity)
     arrived_pct = np.empty(len(order))
     allocated_pct = np.empty(len(order))
-    arrived = allocated = 0.0
+    capacity_milli = capacity * MILLI_PER_GPU
+    arrived_milli = allocated_milli = 0
     failed = failed_at_100 = 0
     frag_rate_at_100: float | None = None
     drawn: set[int] = set()
@@ -86,19 +92,21 @@ def run_seed(
         if index in drawn:  # a pod drawn again is a new pod with the same shape
             request = replace(request, name=f"{request.name}#{k}")
         drawn.add(index)
-        arrived += pod.requested_gpus
+        arrived_milli += pod.requested_gpu_milli
         if isinstance(placer.place(request, explain=False), Placement):
-            allocated += pod.requested_gpus
+            allocated_milli += pod.requested_gpu_milli
         else:
             failed += 1
-            if arrived <= capacity:
+            if arrived_milli <= capacity_milli:
                 failed_at_100 += 1
-        arrived_pct[k] = 100.0 * arrived / capacity
-        allocated_pct[k] = 100.0 * allocated / capacity
-        if frag_rate_at_100 is None and arrived >= capacity:
-            frag_rate_at_100 = _fragmentation_rate_pct(measure, capacity - allocated)
+        arrived_pct[k] = 100.0 * arrived_milli / capacity_milli
+        allocated_pct[k] = 100.0 * allocated_milli / capacity_milli
+        if frag_rate_at_100 is None and arrived_milli >= capacity_milli:
+            unallocated = (capacity_milli - allocated_milli) / MILLI_PER_GPU
+            frag_rate_at_100 = _fragmentation_rate_pct(measure, unallocated)
     if frag_rate_at_100 is None:
-        frag_rate_at_100 = _fragmentation_rate_pct(measure, capacity - allocated)
+        unallocated = (capacity_milli - allocated_milli) / MILLI_PER_GPU
+        frag_rate_at_100 = _fragmentation_rate_pct(measure, unallocated)
     return SeedResult(
         seed=seed,
         arrived_pct=arrived_pct,

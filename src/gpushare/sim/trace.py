@@ -7,6 +7,7 @@ come from users, who should not have to read a traceback to fix them.
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,32 +36,41 @@ class TracePod:
     """A pod of the trace: its request and the GPU it asks for, in GPUs (for arrival)."""
 
     request: Request
-    requested_gpus: float
+    requested_gpu_milli: int  # GPU count times thousandths of a GPU on each
+
+    @property
+    def requested_gpus(self) -> float:
+        return self.requested_gpu_milli / MILLI_PER_GPU
 
 
 def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    if path.is_dir():
+        raise TraceError(f"{path}: is a folder, not a CSV file")
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as error:
         raise TraceError(f"{path}: cannot read: {error.strerror}") from None
-    with handle:
-        try:
-            reader = csv.DictReader(handle)
-            header = reader.fieldnames or []
-            missing = [c for c in columns if c not in header]
-            if missing:
-                raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
-            # Row numbers as a spreadsheet shows them: the header is row 1.
-            for row_number, row in enumerate(reader, start=2):
-                if None in row or any(row.get(c) is None for c in columns):
-                    raise TraceError(f"{path}: row {row_number}: wrong number of fields")
-                yield row_number, row
-        except UnicodeDecodeError:
-            raise TraceError(f"{path}: not a UTF-8 text file") from None
-        except csv.Error as error:
-            raise TraceError(f"{path}: not a valid CSV file: {error}") from None
+    try:
+        text = raw.decode("utf-8-sig")  # spreadsheets often save UTF-8 with a byte order mark
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise TraceError(f"{path}: row {line}: not UTF-8 text") from None
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = reader.fieldnames or []
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
+        for row in reader:
+            # Row numbers as a spreadsheet shows them: the header is row 1, blank rows count.
+            row_number = reader.line_num
+            if None in row or any(row.get(c) is None for c in columns):
+                raise TraceError(f"{path}: row {row_number}: wrong number of fields")
+            yield row_number, row
+    except csv.Error as error:
+        raise TraceError(f"{path}: not a valid CSV file: {error}") from None
 
 
 def _count(path: Path, row_number: int, row: dict[str, str], column: str) -> int:
@@ -104,12 +114,13 @@ def load_nodes(path: Path) -> list[Node]:
         )
     if not nodes:
         raise TraceError(f"{path}: no nodes")
+    if not any(node.gpus for node in nodes):
+        raise TraceError(f"{path}: no node has a GPU")
     return nodes
 
 
 def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
     """Pods as requests; a pod that no node could ever hold is an error, not a failure."""
-    widest = max(len(node.gpus) for node in nodes)
     models = {gpu.model for node in nodes for gpu in node.gpus}
     pods: list[TracePod] = []
     for row_number, row in _rows(path, POD_COLUMNS):
@@ -126,14 +137,25 @@ def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
             raise TraceError(f"{where}: gpu_milli is {gpu_milli} but num_gpu is 0")
         if gpu_count and not gpu_milli:
             raise TraceError(f"{where}: num_gpu is {gpu_count} but gpu_milli is 0")
-        if gpu_count > widest:
-            raise TraceError(
-                f"{where}: pod {name} asks for {gpu_count} GPUs but no node has more than {widest}"
-            )
-        unknown = allowed - models
-        if unknown and not allowed & models:
+        if allowed and not allowed & models:
             raise TraceError(
                 f"{where}: gpu_spec {row['gpu_spec']!r} names no GPU model of the node list"
+            )
+        hosts = [n for n in nodes if not allowed or any(g.model in allowed for g in n.gpus)]
+        widest = max(len(n.gpus) for n in hosts)
+        if gpu_count > widest:
+            of_model = f" of model {row['gpu_spec']}" if allowed else ""
+            raise TraceError(
+                f"{where}: pod {name} asks for {gpu_count} GPUs but no node{of_model} "
+                f"has more than {widest}"
+            )
+        if not any(
+            n.cpu_milli >= cpu_milli and n.memory_mib >= memory_mib and len(n.gpus) >= gpu_count
+            for n in hosts
+        ):
+            raise TraceError(
+                f"{where}: pod {name} asks for {cpu_milli} CPU milli and {memory_mib} MiB "
+                "but no node that has its GPUs has that much"
             )
         exclusive = gpu_milli == MILLI_PER_GPU
         request = Request(
@@ -146,7 +168,9 @@ def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
             exclusive=exclusive,
             allowed_models=allowed,
         )
-        pods.append(TracePod(request, gpu_count * gpu_milli / MILLI_PER_GPU))
+        pods.append(TracePod(request, gpu_count * gpu_milli))
     if not pods:
         raise TraceError(f"{path}: no pods")
+    if not any(pod.requested_gpu_milli for pod in pods):
+        raise TraceError(f"{path}: no pod asks for a GPU, so arrival cannot be measured")
     return pods
