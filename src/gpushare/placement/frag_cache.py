@@ -37,8 +37,11 @@ class _ShapeVector:
 class FragmentationCache:
     """Fragmentation of each node of a ledger, and its growth under a hypothetical placement."""
 
-    def __init__(self, ledger: Ledger, workload: TargetWorkload) -> None:
+    def __init__(self, ledger: Ledger, workload: TargetWorkload, memoize: bool = True) -> None:
+        """``memoize=False`` recomputes everything on every call: only for measuring what the
+        caches save (bench/bench_fragmentation.py)."""
         self.ledger = ledger
+        self.memoize = memoize
         self.target = workload
         self.workload = WorkloadArrays(workload, ledger.models)
         self._snapshots: dict[int, _NodeSnapshot] = {}
@@ -60,13 +63,26 @@ class FragmentationCache:
         )
 
     def state(self, node: int) -> NodeState:
-        version = int(self.ledger.node_version[node])
+        ledger = self.ledger
+        version = int(ledger.node_version[node])
         snapshot = self._snapshots.get(node)
         if snapshot is None or snapshot.version != version:
+            count = int(ledger.gpu_count[node])
+            # Row slices turned into Python lists at once: far cheaper than per-item reads.
             slots = tuple(
-                sorted(self._slot_state(node, s) for s in range(int(self.ledger.gpu_count[node])))
+                sorted(
+                    zip(
+                        ledger.gpu_model_id[node, :count].tolist(),
+                        ledger.gpu_memory_mib[node, :count].tolist(),
+                        ledger.gpu_healthy[node, :count].tolist(),
+                        ledger.gpu_free_memory_mib[node, :count].tolist(),
+                        ledger.gpu_free_core_percent[node, :count].tolist(),
+                        (ledger.gpu_sharers[node, :count] == 0).tolist(),
+                        strict=True,
+                    )
+                )
             )
-            snapshot = _NodeSnapshot(version, (int(self.ledger.cpu_free_milli[node]), slots))
+            snapshot = _NodeSnapshot(version, (int(ledger.cpu_free_milli[node]), slots))
             self._snapshots[node] = snapshot
         return snapshot.key
 
@@ -86,15 +102,16 @@ class FragmentationCache:
     def best_placement(self, node: int, request: Request) -> tuple[float, list[int]]:
         """The lowest fragmentation the node can have after taking the request, and the GPU
         slots that give it. The request must fit the node."""
-        key = self.state(node)
-        shape = Shape.of(request)
+        frag, chosen_states = self._best(self.state(node), Shape.of(request))
+        return frag, self._slots_for(node, chosen_states)
+
+    def _best(self, key: NodeState, shape: Shape) -> tuple[float, tuple[SlotState, ...]]:
         memo_key = (key, shape)
         found = self._best_memo.get(memo_key)
         if found is None:
             found = self._search(key, shape)
             self._remember(self._best_memo, memo_key, found)
-        frag, chosen_states = found
-        return frag, self._slots_for(node, chosen_states)
+        return found
 
     def increase(self, request: Request, nodes: np.ndarray) -> np.ndarray:
         """Fragmentation growth of each of ``nodes`` (which all fit) if it took the request."""
@@ -105,11 +122,11 @@ class FragmentationCache:
             vector = _ShapeVector(np.full(size, -1, dtype=np.int64), np.zeros(size))
             self._vectors[shape] = vector
         versions = self.ledger.node_version
-        stale = nodes[vector.seen_version[nodes] != versions[nodes]]
+        stale = nodes[vector.seen_version[nodes] != versions[nodes]] if self.memoize else nodes
         for node in stale.tolist():
-            new_frag, _ = self.best_placement(node, request)
+            new_frag, _ = self._best(self.state(node), shape)
             vector.increase[node] = new_frag - self.node_fragmentation(node)
-            vector.seen_version[node] = versions[node]
+        vector.seen_version[stale] = versions[stale]
         return vector.increase[nodes]
 
     def _search(self, key: NodeState, shape: Shape) -> tuple[float, tuple[SlotState, ...]]:
@@ -176,8 +193,9 @@ class FragmentationCache:
                     break
         return used
 
-    @staticmethod
-    def _remember(memo: dict, key: object, value: object) -> None:
+    def _remember(self, memo: dict, key: object, value: object) -> None:
+        if not self.memoize:
+            return
         if len(memo) >= MEMO_LIMIT:
             memo.clear()
         memo[key] = value

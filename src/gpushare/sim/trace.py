@@ -43,6 +43,14 @@ class TracePod:
         return self.requested_gpu_milli / MILLI_PER_GPU
 
 
+@dataclass(frozen=True, slots=True)
+class _NodeType:
+    models: frozenset[str]
+    gpu_count: int
+    cpu_milli: int
+    memory_mib: int
+
+
 def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     if path.is_dir():
         raise TraceError(f"{path}: is a folder, not a CSV file")
@@ -122,6 +130,11 @@ def load_nodes(path: Path) -> list[Node]:
 def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
     """Pods as requests; a pod that no node could ever hold is an error, not a failure."""
     models = {gpu.model for node in nodes for gpu in node.gpus}
+    # Nodes come in a few types; checking each pod against the types is enough.
+    node_types = {
+        _NodeType(frozenset(g.model for g in n.gpus), len(n.gpus), n.cpu_milli, n.memory_mib)
+        for n in nodes
+    }
     pods: list[TracePod] = []
     for row_number, row in _rows(path, POD_COLUMNS):
         where = f"{path}: row {row_number}"
@@ -141,8 +154,8 @@ def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
             raise TraceError(
                 f"{where}: gpu_spec {row['gpu_spec']!r} names no GPU model of the node list"
             )
-        hosts = [n for n in nodes if not allowed or any(g.model in allowed for g in n.gpus)]
-        widest = max(len(n.gpus) for n in hosts)
+        hosts = [t for t in node_types if not allowed or t.models & allowed]
+        widest = max(t.gpu_count for t in hosts)
         if gpu_count > widest:
             of_model = f" of model {row['gpu_spec']}" if allowed else ""
             raise TraceError(
@@ -150,8 +163,8 @@ def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
                 f"has more than {widest}"
             )
         if not any(
-            n.cpu_milli >= cpu_milli and n.memory_mib >= memory_mib and len(n.gpus) >= gpu_count
-            for n in hosts
+            t.cpu_milli >= cpu_milli and t.memory_mib >= memory_mib and t.gpu_count >= gpu_count
+            for t in hosts
         ):
             raise TraceError(
                 f"{where}: pod {name} asks for {cpu_milli} CPU milli and {memory_mib} MiB "
