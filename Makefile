@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 # published baselines; prints the table, writes $(OUT)/simulation.png and .json.
 simulate: setup
 	mkdir -p $(OUT)
-	$(BIN)/gpushare simulate --policy fgd-balanced fgd best-fit \
+	$(BIN)/gpushare simulate --policy fgd-pack fgd best-fit \
 		--plot $(OUT)/simulation.png --json $(OUT)/simulation.json
 
 lint: setup
