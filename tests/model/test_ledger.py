@@ -363,3 +363,16 @@ def test_unhealthy_from_construction() -> None:
     ledger = Ledger([Node("n", gpus, cpu_milli=1, memory_mib=1)])
     np.testing.assert_array_equal(ledger.gpu_healthy[0], [True, False])
     np.testing.assert_array_equal(ledger.gpu_fully_free()[0], [True, False])
+
+
+def test_node_allocations_lists_what_each_node_holds() -> None:
+    ledger = Ledger([Node("a", (), 4000, 4096), Node("b", (), 4000, 4096)])
+    first = Allocation("x", "a", cpu_milli=1000, memory_mib=0)
+    second = Allocation("y", "b", cpu_milli=1000, memory_mib=0)
+    third = Allocation("z", "a", cpu_milli=1000, memory_mib=0)
+    for allocation in (first, second, third):
+        ledger.reserve(allocation)
+    assert ledger.node_allocations("a") == [first, third]
+    assert ledger.node_allocations("b") == [second]
+    ledger.release("x")
+    assert ledger.node_allocations("a") == [third]

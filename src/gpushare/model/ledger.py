@@ -91,6 +91,11 @@ class Ledger:
     def allocations(self) -> list[Allocation]:
         return [held.allocation for held in self._held.values()]
 
+    def node_allocations(self, node_name: str) -> list[Allocation]:
+        """The allocations a node holds now, in the order they were made."""
+        i = self.node_index[node_name]
+        return [held.allocation for held in self._held.values() if held.node_index == i]
+
     def slot_of(self, node_index: int, gpu_index: int) -> int:
         slots = np.nonzero(self.gpu_index[node_index] == gpu_index)[0]
         if len(slots) == 0:
