@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpushare.model import Gpu, Node, Request
+from gpushare.model import Gpu, Node
 from gpushare.placement.policies import DEFAULT_POLICY
 from gpushare.sim.runner import CURVE_ARRIVAL_PCT, PolicySummary, SimulationSpec, simulate
 from gpushare.sim.simulator import REPORT_POINTS_PCT, SeedResult
-from gpushare.sim.trace import MILLI_PER_GPU, SIM_GPU_MEMORY_MIB, TracePod
+from gpushare.sim.trace import SIM_GPU_MEMORY_MIB, TracePod, trace_request
 
 
 def node(name: str, gpus: int, model: str = "T4") -> Node:
@@ -28,16 +28,7 @@ def node(name: str, gpus: int, model: str = "T4") -> Node:
 
 
 def pod(name: str, gpu_milli: int, gpu_count: int = 1) -> TracePod:
-    exclusive = gpu_milli == MILLI_PER_GPU
-    request = Request(
-        name=name,
-        cpu_milli=4000,
-        memory_mib=8192,
-        gpu_count=gpu_count,
-        memory_mib_per_gpu=0 if exclusive else gpu_milli * 16,
-        core_percent_per_gpu=0 if exclusive else -(-gpu_milli // 10),
-        exclusive=exclusive,
-    )
+    request = trace_request(name, 4000, 8192, gpu_count, gpu_milli)
     return TracePod(request, gpu_count * gpu_milli)
 
 

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.model import Gpu, Node, Request
+from gpushare.model import Gpu, Node
 from gpushare.placement.fragmentation import TargetWorkload
 from gpushare.placement.policies import DEFAULT_POLICY, POLICIES
 from gpushare.sim.simulator import SeedResult, arrival_order, gpu_capacity, run_seed
-from gpushare.sim.trace import MILLI_PER_GPU, SIM_GPU_MEMORY_MIB, TracePod
+from gpushare.sim.trace import MILLI_PER_GPU, SIM_GPU_MEMORY_MIB, TracePod, trace_request
 
 
 def node(name: str, gpus: int, model: str = "T4", cpu_milli: int = 32000) -> Node:
@@ -28,16 +28,7 @@ def node(name: str, gpus: int, model: str = "T4", cpu_milli: int = 32000) -> Nod
 
 def pod(name: str, gpu_milli: int, gpu_count: int = 1, cpu_milli: int = 1000) -> TracePod:
     """A pod as load_pods makes it from a row of the trace."""
-    exclusive = gpu_milli == MILLI_PER_GPU
-    request = Request(
-        name=name,
-        cpu_milli=cpu_milli,
-        memory_mib=1024,
-        gpu_count=gpu_count,
-        memory_mib_per_gpu=0 if exclusive else gpu_milli * 16,
-        core_percent_per_gpu=0 if exclusive else -(-gpu_milli // 10),
-        exclusive=exclusive,
-    )
+    request = trace_request(name, cpu_milli, 1024, gpu_count, gpu_milli)
     return TracePod(request, gpu_count * gpu_milli)
 
 

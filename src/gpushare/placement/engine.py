@@ -181,7 +181,7 @@ class Placer:
         nodes = np.flatnonzero(fits)
         if len(nodes) == 0:
             if not explain:
-                return NoFit({}, len(fits))
+                return NoFit({}, len(fits) if candidates is None else len(candidates))
             return self.no_fit(request, candidates)
         if len(nodes) == 1:
             node = int(nodes[0])

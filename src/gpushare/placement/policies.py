@@ -234,31 +234,32 @@ def _eligible_slots(request: Request, eligible_row: np.ndarray) -> np.ndarray:
     return slots
 
 
-def _choose_tightest(ctx: Context, request: Request, node: int, eligible_row: np.ndarray):
-    """The GPUs with the least free memory that still fit (then least free core)."""
+def _choose_by_free(
+    ctx: Context, request: Request, node: int, eligible_row: np.ndarray, most_free: bool
+) -> list[int]:
+    """The eligible GPUs with the least (or most) free memory, then core, then lowest slot."""
     if not request.uses_gpu:
         return []
     slots = _eligible_slots(request, eligible_row)
-    ledger = ctx.ledger
-    order = np.lexsort(
-        (slots, ledger.gpu_free_core_percent[node, slots], ledger.gpu_free_memory_mib[node, slots])
-    )
-    return slots[order[: request.gpu_count]].tolist()
-
-
-def _choose_emptiest(ctx: Context, request: Request, node: int, eligible_row: np.ndarray):
-    if not request.uses_gpu:
-        return []
-    slots = _eligible_slots(request, eligible_row)
+    sign = -1 if most_free else 1
     ledger = ctx.ledger
     order = np.lexsort(
         (
             slots,
-            -ledger.gpu_free_core_percent[node, slots],
-            -ledger.gpu_free_memory_mib[node, slots],
+            sign * ledger.gpu_free_core_percent[node, slots],
+            sign * ledger.gpu_free_memory_mib[node, slots],
         )
     )
     return slots[order[: request.gpu_count]].tolist()
+
+
+def _choose_tightest(ctx: Context, request: Request, node: int, eligible_row: np.ndarray):
+    """The GPUs with the least free memory that still fit (then least free core)."""
+    return _choose_by_free(ctx, request, node, eligible_row, most_free=False)
+
+
+def _choose_emptiest(ctx: Context, request: Request, node: int, eligible_row: np.ndarray):
+    return _choose_by_free(ctx, request, node, eligible_row, most_free=True)
 
 
 def _choose_shared_first(ctx: Context, request: Request, node: int, eligible_row: np.ndarray):

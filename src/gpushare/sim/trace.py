@@ -127,6 +127,29 @@ def load_nodes(path: Path) -> list[Node]:
     return nodes
 
 
+def trace_request(
+    name: str,
+    cpu_milli: int,
+    memory_mib: int,
+    gpu_count: int,
+    gpu_milli: int,
+    allowed_models: frozenset[str] = frozenset(),
+) -> Request:
+    """A trace pod as a request: 1000 milli means whole GPUs, less a share of
+    ``gpu_milli * 16`` MiB and ``gpu_milli / 10`` percent of compute on each GPU."""
+    exclusive = gpu_milli == MILLI_PER_GPU
+    return Request(
+        name=name,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        gpu_count=gpu_count,
+        memory_mib_per_gpu=0 if exclusive else gpu_milli * SIM_GPU_MEMORY_MIB // MILLI_PER_GPU,
+        core_percent_per_gpu=0 if exclusive else -(-gpu_milli * 100 // MILLI_PER_GPU),
+        exclusive=exclusive,
+        allowed_models=allowed_models,
+    )
+
+
 def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
     """Pods as requests; a pod that no node could ever hold is an error, not a failure."""
     models = {gpu.model for node in nodes for gpu in node.gpus}
@@ -170,17 +193,7 @@ def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
                 f"{where}: pod {name} asks for {cpu_milli} CPU milli and {memory_mib} MiB "
                 "but no node that has its GPUs has that much"
             )
-        exclusive = gpu_milli == MILLI_PER_GPU
-        request = Request(
-            name=f"{name}",
-            cpu_milli=cpu_milli,
-            memory_mib=memory_mib,
-            gpu_count=gpu_count,
-            memory_mib_per_gpu=0 if exclusive else gpu_milli * SIM_GPU_MEMORY_MIB // MILLI_PER_GPU,
-            core_percent_per_gpu=0 if exclusive else -(-gpu_milli * 100 // MILLI_PER_GPU),
-            exclusive=exclusive,
-            allowed_models=allowed,
-        )
+        request = trace_request(name, cpu_milli, memory_mib, gpu_count, gpu_milli, allowed)
         pods.append(TracePod(request, gpu_count * gpu_milli))
     if not pods:
         raise TraceError(f"{path}: no pods")
