@@ -1,0 +1,115 @@
+/*
+ * Mock CUDA driver and NVML: the configuration and the cross-process state they share.
+ *
+ * Both libcuda.so.1 and libnvidia-ml.so.1 are built with mock_state.c, so each library has its
+ * own copy of what is declared here; they meet in the memory-mapped state file, whose layout is
+ * struct mock_shared below (see docs/mock.md).
+ */
+#ifndef GPUSHARE_MOCK_H
+#define GPUSHARE_MOCK_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define MOCK_EXPORT __attribute__((visibility("default")))
+
+#define MOCK_MAX_DEVICES 16
+#define MOCK_MAX_PROCS 128         /* per-process records per device */
+#define MOCK_MAX_INTERVALS 4096    /* busy intervals kept per device (a ring) */
+#define MOCK_NAME_LEN 96
+#define MOCK_MIB (1024ull * 1024ull)
+
+#define MOCK_DEFAULT_DRIVER_VERSION 12080
+#define MOCK_DEFAULT_CONTEXT_OVERHEAD_MIB 300
+#define MOCK_DEFAULT_KERNEL_TIME_US 1000
+#define MOCK_DEFAULT_UTIL_WINDOW_MS 1000
+
+/* ---- configuration (process-local, read from GPUSHARE_MOCK_CONFIG) ---------------------- */
+
+struct mock_device_config {
+    char name[MOCK_NAME_LEN];
+    char uuid_text[MOCK_NAME_LEN]; /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    unsigned char uuid[16];
+    uint64_t memory_bytes;
+    int sm_count;
+    uint64_t context_overhead_bytes;
+    uint64_t kernel_time_ns;
+};
+
+struct mock_config {
+    int driver_version;
+    int device_count;
+    uint64_t util_window_ns;
+    struct mock_device_config devices[MOCK_MAX_DEVICES];
+};
+
+/* ---- shared state (the memory-mapped state file) ----------------------------------------- */
+
+#define MOCK_STATE_MAGIC 0x4750554d4f434b31ull /* "GPUMOCK1" */
+#define MOCK_STATE_LAYOUT 1u
+
+struct mock_proc_record {
+    _Atomic int32_t pid;           /* 0: free slot */
+    _Atomic uint32_t contexts;     /* contexts this process holds on the device */
+    _Atomic uint64_t used_bytes;   /* device memory charged, context overhead included */
+};
+
+struct mock_interval {
+    _Atomic uint64_t start_ns;     /* CLOCK_MONOTONIC */
+    _Atomic uint64_t end_ns;
+};
+
+struct mock_device_shared {
+    _Atomic uint64_t busy_until_ns;   /* end of the last kernel queued on the device */
+    _Atomic uint64_t interval_count;  /* intervals ever recorded; slot = count % MAX */
+    struct mock_interval intervals[MOCK_MAX_INTERVALS];
+    struct mock_proc_record procs[MOCK_MAX_PROCS];
+};
+
+struct mock_shared {
+    _Atomic uint64_t magic;        /* written last, once the rest is initialised */
+    uint32_t layout;
+    uint32_t device_count;
+    uint64_t size;
+    struct mock_device_shared devices[MOCK_MAX_DEVICES];
+};
+
+/* ---- process snapshot for NVML ----------------------------------------------------------- */
+
+struct mock_proc_usage {
+    pid_t pid;
+    uint64_t used_bytes;
+};
+
+/*
+ * Loads the configuration and maps the state file, once per library; `who` names the library in
+ * the error line ("cuda" or "nvml"). Returns 0, or -1 after printing one line to stderr.
+ */
+int mock_setup(const char *who);
+const struct mock_config *mock_cfg(void); /* valid after mock_setup() returned 0 */
+
+/* The cross-process lock (a process-local mutex plus flock on the state file). */
+int mock_shared_lock(void);
+void mock_shared_unlock(void);
+
+/* The following need mock_shared_lock() held. */
+uint64_t mock_device_used_locked(int device);
+/* Charges bytes to this process on the device; false (nothing charged) when they do not fit. */
+bool mock_charge_locked(int device, uint64_t bytes);
+void mock_uncharge_locked(int device, uint64_t bytes);
+void mock_contexts_add_locked(int device, int delta);
+/* Queues a kernel of duration_ns on the device's timeline; returns its end time. */
+uint64_t mock_timeline_submit_locked(int device, uint64_t duration_ns);
+unsigned int mock_utilization_locked(int device, uint64_t now_ns);
+/* Fills up to max entries; returns how many live processes use the device. */
+unsigned int mock_processes_locked(int device, struct mock_proc_usage *out, unsigned int max);
+/* Drops every record of this process (at exit of the CUDA library). */
+void mock_release_own_locked(void);
+
+uint64_t mock_now_ns(void);
+void mock_sleep_until_ns(uint64_t deadline_ns);
+
+#endif /* GPUSHARE_MOCK_H */

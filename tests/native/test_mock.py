@@ -1,0 +1,227 @@
+"""The mock CUDA driver and NVML (native/mock): devices, accounting across processes, pools,
+VMM, arrays, cuGetProcAddress, the kernel timeline and NVML utilisation, config errors."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+MIB = 1024 * 1024
+
+
+def parse_kv(output: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in output.splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def run_ok(run_mock, program, *args, config, **kwargs) -> dict[str, str]:
+    result = run_mock(program, *args, config=config, **kwargs)
+    assert result.returncode == 0, f"{program} failed:\n{result.stdout}\n{result.stderr}"
+    return parse_kv(result.stdout)
+
+
+def wait_ready(process: subprocess.Popen[str]) -> int:
+    line = process.stdout.readline()
+    assert line.startswith("ready"), f"not ready: {line!r} {process.stderr.read()}"
+    return int(line.split("pid=")[1])
+
+
+@pytest.fixture
+def basic(run_mock, mock_config) -> dict[str, str]:
+    values = run_ok(run_mock, "mock_basic", config=mock_config())
+    assert values["failures"] == "0"
+    return values
+
+
+def test_device_listing(basic):
+    assert basic["driver_version"] == "12080"
+    assert basic["device_count"] == "2"
+    assert basic["device0_name"] == "NVIDIA H200"
+    assert basic["device0_sm_count"] == "132"
+    assert int(basic["device0_total_bytes"]) == 1024 * MIB
+    assert basic["device0_uuid_byte0"] == "12"
+    assert basic["device1_name"] == "NVIDIA A100-SXM4-80GB"
+    assert int(basic["device1_total_bytes"]) == 2048 * MIB
+    assert basic["device1_uuid_byte0"] == "aa"
+    assert basic["nvml_count"] == "2"
+    assert basic["nvml_uuid"] == "GPU-12345678-1234-1234-1234-123456789abc"
+    assert basic["func_max_threads"] == "1024"  # a call gpushare does not intercept
+
+
+def test_memory_accounting_includes_context_overhead(basic):
+    assert int(basic["ctx_overhead_bytes"]) == 300 * MIB
+    assert int(basic["primary_overhead_bytes"]) == 300 * MIB
+    assert int(basic["free_with_context"]) == (1024 - 300) * MIB
+    assert basic["pitch_for_1000"] == "1024"
+    assert int(basic["released_on_destroy"]) == (64 + 300) * MIB
+    assert int(basic["nvml_process_used"]) == (300 + 5) * MIB
+
+
+def test_pools_vmm_and_arrays(basic):
+    assert int(basic["pool_reserved_after_3mib"]) == 4 * MIB
+    assert int(basic["pool_reserved_after_free"]) == 6 * MIB
+    assert basic["pool_reserved_after_trim"] == "0"
+    assert int(basic["vmm_granularity"]) == 2 * MIB
+    assert int(basic["vmm_device_charged"]) == 8 * MIB
+    assert int(basic["vmm_after_host"]) == 8 * MIB  # host location: no device memory
+    assert int(basic["array2d_bytes"]) == 1024 * 512 * 4 * 4
+    assert int(basic["array3d_bytes"]) == 64 * 64 * 8 * 2 * 2
+    assert int(basic["array1d_bytes"]) == 100
+    assert int(basic["mipmap3_bytes"]) == (256 * 256 + 128 * 128 + 64 * 64) * 4
+
+
+def test_out_of_memory_past_capacity(run_mock, mock_config):
+    result = run_mock("mock_hold", "0", "800", config=mock_config())  # 300 overhead + 800 > 1024
+    assert result.returncode == 1
+    assert "cuMemAlloc_v2" in result.stderr and "returned 2" in result.stderr
+
+
+def test_two_processes_share_device_memory(run_mock, popen_mock, mock_config):
+    config = mock_config()
+    holder = popen_mock("mock_hold", "0", "200", config=config)
+    pid = wait_ready(holder)
+    seen = run_ok(run_mock, "mock_query", "0", config=config)
+    assert int(seen["nvml_used"]) == 500 * MIB
+    assert seen["nvml_processes"] == "1"
+    assert seen["nvml_pids"] == f"{pid}:{500 * MIB}"
+    assert int(seen["cuda_free"]) == (1024 - 500 - 300) * MIB
+    assert int(seen["nvml_used_with_own_context"]) == 800 * MIB
+    # A second process competes for what is left: 224 MiB after its own context.
+    assert run_mock("mock_hold", "0", "300", config=config).returncode == 1
+    holder.stdin.write("release\n")
+    holder.stdin.flush()
+    assert holder.stdout.readline().strip() == "done"
+    assert holder.wait(timeout=10) == 0
+    after = run_ok(run_mock, "mock_query", "0", config=config)
+    assert after["nvml_used"] == "0"
+    assert after["nvml_processes"] == "0"
+
+
+def test_killed_process_memory_is_reclaimed(run_mock, popen_mock, mock_config):
+    config = mock_config()
+    holder = popen_mock("mock_hold", "1", "1000", config=config)
+    wait_ready(holder)
+    assert int(run_ok(run_mock, "mock_query", "1", config=config)["nvml_used"]) == 1300 * MIB
+    holder.kill()
+    holder.wait(timeout=10)
+    after = run_ok(run_mock, "mock_query", "1", config=config)
+    assert after["nvml_used"] == "0"
+    assert after["nvml_processes"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("symbol", "version", "flags", "status", "export"),
+    [
+        ("cuMemAlloc", 12000, 0, 0, "cuMemAlloc_v2"),
+        ("cuMemAlloc", 3020, 0, 0, "cuMemAlloc_v2"),
+        ("cuMemAlloc", 3000, 0, 2, "NULL"),  # only the 32-bit ABI existed: not provided
+        ("cuMemGetInfo", 11000, 0, 0, "cuMemGetInfo_v2"),
+        ("cuCtxCreate", 12080, 0, 0, "cuCtxCreate_v2"),
+        ("cuLaunchKernel", 12000, 0, 0, "cuLaunchKernel"),
+        ("cuLaunchKernel", 12000, 1, 0, "cuLaunchKernel"),
+        ("cuLaunchKernel", 12000, 2, 0, "cuLaunchKernel_ptsz"),
+        ("cuLaunchKernelEx", 12000, 2, 0, "cuLaunchKernelEx_ptsz"),
+        ("cuLaunchKernelEx", 11000, 0, 2, "NULL"),
+        ("cuStreamSynchronize", 12000, 2, 0, "cuStreamSynchronize_ptsz"),
+        ("cuMemGetInfo", 12000, 2, 0, "cuMemGetInfo_v2"),  # no _ptsz variant: the plain one
+        ("cuGetProcAddress", 11030, 0, 0, "cuGetProcAddress"),
+        ("cuGetProcAddress", 12000, 0, 0, "cuGetProcAddress_v2"),
+        ("cuDevicePrimaryCtxRelease", 11000, 0, 0, "cuDevicePrimaryCtxRelease_v2"),
+        ("cuDeviceGetName", 12000, 0, 0, "cuDeviceGetName"),
+        ("cuNoSuchFunction", 12000, 0, 1, "NULL"),
+    ],
+)
+def test_get_proc_address(run_mock, mock_config, symbol, version, flags, status, export):
+    values = run_ok(
+        run_mock, "mock_procaddr", symbol, str(version), str(flags), config=mock_config()
+    )
+    assert values["rc_v2"] == "0"
+    assert values["status"] == str(status)
+    assert values["export"] == export
+    assert values["rc_v1"] == ("0" if status == 0 else "500")  # CUDA_ERROR_NOT_FOUND
+
+
+def test_get_proc_address_rejects_future_versions_and_bad_flags(run_mock, mock_config):
+    config = mock_config(driver_version=12020)
+    assert run_ok(run_mock, "mock_procaddr", "cuMemAlloc", "12080", "0", config=config) == {
+        "rc_v2": "1",
+        "status": "-1",
+        "export": "NULL",
+        "rc_v1": "1",
+    }
+    assert (
+        run_ok(run_mock, "mock_procaddr", "cuMemAlloc", "12000", "7", config=config)["rc_v2"] == "1"
+    )
+
+
+def test_kernel_launches_queue_on_the_timeline(run_mock, mock_config):
+    values = run_ok(run_mock, "mock_timeline", "queue", "5", "20000", config=mock_config())
+    assert float(values["launch_ms"]) < 10  # launches return at once
+    assert 95 <= float(values["sync_ms"]) < 200  # synchronising waits for all five
+    graph = run_ok(run_mock, "mock_timeline", "graph", "8", config=mock_config())
+    assert 7.5 <= float(graph["sync_ms"]) < 100  # 8 kernels of kernel_time_us=1000
+
+
+def test_timeline_is_shared_across_processes(run_mock, popen_mock, mock_config):
+    config = mock_config()
+    busy = popen_mock("mock_hold", "0", "0", "300000", config=config)  # queues a 300 ms kernel
+    wait_ready(busy)
+    values = run_ok(run_mock, "mock_timeline", "queue", "1", "1000", config=config)
+    assert float(values["sync_ms"]) >= 200  # queued behind the other process's kernel
+    busy.stdin.write("release\n")
+    busy.stdin.flush()
+    assert busy.wait(timeout=10) == 0
+
+
+def test_nvml_utilisation_follows_duty_cycle(run_mock, mock_config):
+    config = mock_config(utilization_window_ms=500)
+    values = run_ok(run_mock, "mock_timeline", "duty", "10000", "10000", "35", config=config)
+    assert 40 <= int(values["nvml_util"]) <= 60
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot open config file"),
+        ('{"devices": [', "not valid JSON"),
+        ('{"devices": []}', '"devices" must be an array'),
+        (
+            '{"devices": [{"name": "x", "uuid": "GPU-1", "memory_mib": 1, "sm_count": 1}]}',
+            '"uuid" must look like',
+        ),
+        (
+            '{"devices": [{"name": "x", "uuid": "GPU-12345678-1234-1234-1234-123456789abc",'
+            ' "sm_count": 1}]}',
+            'missing "memory_mib"',
+        ),
+        ('{"driver_version": "new", "devices": []}', '"driver_version" must be'),
+    ],
+)
+def test_bad_config_is_a_clear_error(run_mock, tmp_path, content, problem):
+    path = tmp_path / "bad.json"
+    if content is not None:
+        path.write_text(content)
+    result = run_mock("mock_init", config=path)
+    assert result.returncode == 0
+    assert parse_kv(result.stdout) == {
+        "cu_init": "100",
+        "cu_device_count_rc": "3",
+        "nvml_init": "9",
+    }
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2  # one line from each library
+    assert all(str(path) in line and problem in line for line in lines), lines
+
+
+def test_unset_config_is_a_clear_error(run_mock):
+    result = run_mock("mock_init", config=None)
+    assert parse_kv(result.stdout)["cu_init"] == "100"
+    assert "GPUSHARE_MOCK_CONFIG is not set" in result.stderr
+
+
+def test_basic_under_asan_and_ubsan(run_mock, mock_config, native_asan_build):
+    values = run_ok(
+        run_mock, "mock_basic", config=mock_config(), build=native_asan_build, timeout=60
+    )
+    assert values["failures"] == "0"
