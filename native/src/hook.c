@@ -1,0 +1,735 @@
+/*
+ * The exported overrides: the hooked driver and NVML entry points, dlsym, and cuGetProcAddress.
+ *
+ * Programs reach the driver three ways and each is covered:
+ *   - direct linking: these exports interpose the driver's (LD_PRELOAD / ld.so.preload);
+ *   - dlopen + dlsym: our dlsym hands back our hook for a hooked name, whatever the handle;
+ *   - cuGetProcAddress(_v2): the real driver resolves the name for the requested version and
+ *     flags, and when the pointer it returns is the real address of a hooked function, the
+ *     caller gets our hook instead. Comparing addresses (rather than parsing names and
+ *     versions) maps "cuMemAlloc"@12000 to cuMemAlloc_v2 and the _ptsz/_ptds variants under
+ *     the per-thread flag exactly as the driver does. Anything else passes through untouched.
+ */
+#include <dlfcn.h>
+#include <stddef.h>
+
+#include "gpushare.h"
+
+#define REAL(name) ((__typeof__(&name))gs_real_cuda(GS_FN_##name))
+#define REAL_NVML(name) ((__typeof__(&name))gs_real_nvml(GS_FN_##name))
+#define MISSING_REAL CUDA_ERROR_NOT_FOUND
+
+/* ---- the hook table -------------------------------------------------------------------- */
+
+struct hook {
+    const char *name;
+    void *hook;
+};
+
+#define GS_HOOK_ENTRY(name) {#name, (void *)name},
+static const struct hook cuda_hooks[GS_CUDA_HOOK_COUNT] = {GS_CUDA_HOOKS(GS_HOOK_ENTRY)};
+static const struct hook nvml_hooks[GS_NVML_HOOK_COUNT] = {GS_NVML_HOOKS(GS_HOOK_ENTRY)};
+#undef GS_HOOK_ENTRY
+
+/* Plain comparison: dlsym can be called from a sanitizer runtime before it is initialised. */
+GS_NO_SANITIZE static int same_name(const char *a, const char *b) {
+    while (*a != '\0' && *a == *b) {
+        a++;
+        b++;
+    }
+    return *a == *b;
+}
+
+/* ---- memory ---------------------------------------------------------------------------- */
+
+static void finish(CUresult rc, enum gs_kind kind, uint64_t key, int device, uint64_t charged) {
+    if (rc == CUDA_SUCCESS) {
+        (void)gs_remember(kind, key, device, charged);
+    } else {
+        gs_unreserve(device, charged);
+    }
+}
+
+/* Free-like calls: take the entry out first (so a concurrent allocation that gets the same
+ * address cannot collide with it), put it back if the driver refuses the free. */
+#define FREE_BODY(kind, key, call)                                                               \
+    do {                                                                                         \
+        int device_ = -1;                                                                        \
+        uint64_t charged_ = 0;                                                                   \
+        int known_ = gs_take((kind), (key), &device_, &charged_) == 0;                           \
+        CUresult rc_ = (call);                                                                   \
+        if (known_) {                                                                            \
+            if (rc_ == CUDA_SUCCESS) {                                                           \
+                gs_unreserve(device_, charged_);                                                 \
+            } else {                                                                             \
+                (void)gs_remember((kind), (key), device_, charged_);                             \
+            }                                                                                    \
+        } else if (rc_ == CUDA_SUCCESS && (kind) == GS_KIND_PTR) {                               \
+            gs_pool_settle_all(); /* maybe a pool block: the pool may have shrunk */             \
+        }                                                                                        \
+        return rc_;                                                                              \
+    } while (0)
+
+GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *pointer, size_t bytes) {
+    __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    int device = gs_current_device();
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, bytes, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(pointer, bytes);
+    finish(rc, GS_KIND_PTR, rc == CUDA_SUCCESS ? *pointer : 0, device, charged);
+    return rc;
+}
+
+static uint64_t mul_sat(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t add_sat(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *pointer, size_t *pitch, size_t width_bytes,
+                                      size_t height, unsigned int element_size_bytes) {
+    __typeof__(&cuMemAllocPitch_v2) real = REAL(cuMemAllocPitch_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    /* Reserve an estimate (rows padded to 512 bytes), then settle on pitch x height. */
+    int device = gs_current_device();
+    uint64_t estimate = mul_sat(add_sat(width_bytes, 511) & ~(uint64_t)511, height);
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, estimate, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(pointer, pitch, width_bytes, height, element_size_bytes);
+    if (rc != CUDA_SUCCESS || charged == 0) {
+        finish(rc, GS_KIND_PTR, rc == CUDA_SUCCESS ? *pointer : 0, device, charged);
+        return rc;
+    }
+    uint64_t actual = mul_sat(*pitch, height);
+    if (actual > charged) {
+        uint64_t extra;
+        CUresult more = gs_reserve(device, actual - charged, &extra);
+        if (more != CUDA_SUCCESS) {
+            __typeof__(&cuMemFree_v2) real_free = REAL(cuMemFree_v2);
+            if (real_free != NULL) {
+                (void)real_free(*pointer);
+            }
+            gs_unreserve(device, charged);
+            return more;
+        }
+        charged += extra;
+    } else if (actual < charged) {
+        gs_unreserve(device, charged - actual);
+        charged = actual;
+    }
+    finish(rc, GS_KIND_PTR, *pointer, device, charged);
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *pointer, size_t bytes, unsigned int flags) {
+    __typeof__(&cuMemAllocManaged) real = REAL(cuMemAllocManaged);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    int device = gs_current_device();
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, bytes, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(pointer, bytes, flags);
+    finish(rc, GS_KIND_PTR, rc == CUDA_SUCCESS ? *pointer : 0, device, charged);
+    return rc;
+}
+
+/* Stream-ordered allocations are charged what their pool reserves (pool.c). */
+GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *pointer, size_t bytes, CUstream stream) {
+    return gs_pool_alloc(REAL(cuMemAllocAsync), NULL, REAL(cuMemFreeAsync), pointer, bytes, NULL,
+                         stream);
+}
+
+GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *pointer, size_t bytes, CUstream stream) {
+    return gs_pool_alloc(REAL(cuMemAllocAsync_ptsz), NULL, REAL(cuMemFreeAsync_ptsz), pointer,
+                         bytes, NULL, stream);
+}
+
+GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *pointer, size_t bytes, CUmemoryPool pool,
+                                           CUstream stream) {
+    return gs_pool_alloc(NULL, REAL(cuMemAllocFromPoolAsync), REAL(cuMemFreeAsync), pointer,
+                         bytes, pool, stream);
+}
+
+GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *pointer, size_t bytes,
+                                                CUmemoryPool pool, CUstream stream) {
+    return gs_pool_alloc(NULL, REAL(cuMemAllocFromPoolAsync_ptsz), REAL(cuMemFreeAsync_ptsz),
+                         pointer, bytes, pool, stream);
+}
+
+GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep) {
+    __typeof__(&cuMemPoolTrimTo) real = REAL(cuMemPoolTrimTo);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    CUresult rc = real(pool, min_bytes_to_keep);
+    gs_pool_settle_all();
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
+    __typeof__(&cuMemFree_v2) real = REAL(cuMemFree_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    FREE_BODY(GS_KIND_PTR, pointer, real(pointer));
+}
+
+GS_EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) {
+    __typeof__(&cuMemFreeAsync) real = REAL(cuMemFreeAsync);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    FREE_BODY(GS_KIND_PTR, pointer, real(pointer, stream));
+}
+
+GS_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr pointer, CUstream stream) {
+    __typeof__(&cuMemFreeAsync) real = REAL(cuMemFreeAsync_ptsz);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    FREE_BODY(GS_KIND_PTR, pointer, real(pointer, stream));
+}
+
+GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
+                               const CUmemAllocationProp *prop, unsigned long long flags) {
+    __typeof__(&cuMemCreate) real = REAL(cuMemCreate);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    /* Only device-resident physical memory counts; host / NUMA locations pass through. */
+    int device = -1;
+    if (prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        device = prop->location.id;
+    }
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, bytes, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(handle, bytes, prop, flags);
+    finish(rc, GS_KIND_HANDLE, rc == CUDA_SUCCESS ? *handle : 0, device, charged);
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    __typeof__(&cuMemRelease) real = REAL(cuMemRelease);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    FREE_BODY(GS_KIND_HANDLE, handle, real(handle));
+}
+
+/* ---- arrays ---------------------------------------------------------------------------- */
+
+#define GS_ARRAY3D_LAYERED 0x01u
+#define GS_ARRAY3D_CUBEMAP 0x04u
+
+static uint64_t element_bytes(CUarray_format format, unsigned int channels) {
+    uint64_t size;
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        size = 1;
+        break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        size = 2;
+        break;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+        size = 4;
+        break;
+    default:
+        size = 4; /* formats not declared here: assume 32-bit components */
+        break;
+    }
+    return mul_sat(size, channels == 0 ? 1 : channels);
+}
+
+static uint64_t dim(size_t value) { return value == 0 ? 1 : value; }
+
+GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *descriptor) {
+    __typeof__(&cuArrayCreate_v2) real = REAL(cuArrayCreate_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    if (descriptor == NULL) {
+        return real(array, descriptor);
+    }
+    uint64_t bytes = mul_sat(mul_sat(descriptor->Width, dim(descriptor->Height)),
+                             element_bytes(descriptor->Format, descriptor->NumChannels));
+    int device = gs_current_device();
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, bytes, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(array, descriptor);
+    finish(rc, GS_KIND_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
+           charged);
+    return rc;
+}
+
+static uint64_t array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
+    uint64_t element = element_bytes(d->Format, d->NumChannels);
+    int keep_depth = (d->Flags & (GS_ARRAY3D_LAYERED | GS_ARRAY3D_CUBEMAP)) != 0;
+    uint64_t total = 0;
+    uint64_t w = dim(d->Width), h = dim(d->Height), depth = dim(d->Depth);
+    for (unsigned int level = 0; level < (levels == 0 ? 1 : levels); level++) {
+        total = add_sat(total, mul_sat(mul_sat(mul_sat(w, h), depth), element));
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : 1;
+        if (!keep_depth) {
+            depth = depth > 1 ? depth / 2 : 1;
+        }
+        if (level >= 64) {
+            break;
+        }
+    }
+    return total;
+}
+
+GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *descriptor) {
+    __typeof__(&cuArray3DCreate_v2) real = REAL(cuArray3DCreate_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    if (descriptor == NULL) {
+        return real(array, descriptor);
+    }
+    int device = gs_current_device();
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, array3d_bytes(descriptor, 1), &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(array, descriptor);
+    finish(rc, GS_KIND_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
+           charged);
+    return rc;
+}
+
+GS_EXPORT CUresult cuArrayDestroy(CUarray array) {
+    __typeof__(&cuArrayDestroy) real = REAL(cuArrayDestroy);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    FREE_BODY(GS_KIND_ARRAY, (uint64_t)(uintptr_t)array, real(array));
+}
+
+GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
+                                          const CUDA_ARRAY3D_DESCRIPTOR *descriptor,
+                                          unsigned int levels) {
+    __typeof__(&cuMipmappedArrayCreate) real = REAL(cuMipmappedArrayCreate);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    if (descriptor == NULL) {
+        return real(array, descriptor, levels);
+    }
+    int device = gs_current_device();
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, array3d_bytes(descriptor, levels), &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(array, descriptor, levels);
+    finish(rc, GS_KIND_MIPMAP, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
+           charged);
+    return rc;
+}
+
+GS_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
+    __typeof__(&cuMipmappedArrayDestroy) real = REAL(cuMipmappedArrayDestroy);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    FREE_BODY(GS_KIND_MIPMAP, (uint64_t)(uintptr_t)array, real(array));
+}
+
+/* ---- contexts: a fixed overhead charge ------------------------------------------------- */
+
+GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *context, unsigned int flags, CUdevice device) {
+    __typeof__(&cuCtxCreate_v2) real = REAL(cuCtxCreate_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, gs_ctx_overhead(), &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(context, flags, device);
+    finish(rc, GS_KIND_CTX, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*context : 0, device,
+           charged);
+    return rc;
+}
+
+GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext context) {
+    __typeof__(&cuCtxDestroy_v2) real = REAL(cuCtxDestroy_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    FREE_BODY(GS_KIND_CTX, (uint64_t)(uintptr_t)context, real(context));
+}
+
+static _Atomic uint64_t primary_charged[GS_MAX_DEVICES];
+
+GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
+    __typeof__(&cuDevicePrimaryCtxRetain) real = REAL(cuDevicePrimaryCtxRetain);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    if (device < 0 || device >= GS_MAX_DEVICES) {
+        CUresult init = gs_init();
+        return init != CUDA_SUCCESS ? init : real(context, device);
+    }
+    /* The first reference of this process charges the overhead. */
+    int before = gs_primary_ref(device, +1);
+    uint64_t charged = 0;
+    if (before == 0) {
+        CUresult rc = gs_reserve(device, gs_ctx_overhead(), &charged);
+        if (rc != CUDA_SUCCESS) {
+            (void)gs_primary_ref(device, -1);
+            return rc;
+        }
+        atomic_store_explicit(&primary_charged[device], charged, memory_order_relaxed);
+    } else if (gs_init() != CUDA_SUCCESS) {
+        (void)gs_primary_ref(device, -1);
+        return gs_init();
+    }
+    CUresult rc = real(context, device);
+    if (rc != CUDA_SUCCESS) {
+        if (gs_primary_ref(device, -1) == 1) {
+            gs_unreserve(device, atomic_exchange(&primary_charged[device], 0));
+        }
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+    __typeof__(&cuDevicePrimaryCtxRelease_v2) real = REAL(cuDevicePrimaryCtxRelease_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    CUresult rc = real(device);
+    if (rc == CUDA_SUCCESS && device >= 0 && device < GS_MAX_DEVICES &&
+        gs_primary_ref(device, -1) == 1) {
+        gs_unreserve(device, atomic_exchange(&primary_charged[device], 0));
+    }
+    return rc;
+}
+
+/* ---- what programs see ----------------------------------------------------------------- */
+
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    __typeof__(&cuMemGetInfo_v2) real = REAL(cuMemGetInfo_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    size_t real_free = 0, real_total = 0;
+    CUresult rc = real(&real_free, &real_total);
+    if (rc == CUDA_SUCCESS && gs_init() == CUDA_SUCCESS) {
+        int device = gs_current_device();
+        uint64_t limit = gs_limit(device);
+        if (limit != 0) {
+            uint64_t total = min_u64(limit, real_total);
+            uint64_t used = gs_state_used(device);
+            uint64_t left = used >= total ? 0 : total - used;
+            real_total = (size_t)total;
+            real_free = (size_t)min_u64(left, real_free);
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        if (free_bytes != NULL) {
+            *free_bytes = real_free;
+        }
+        if (total_bytes != NULL) {
+            *total_bytes = real_total;
+        }
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {
+    __typeof__(&cuDeviceTotalMem_v2) real = REAL(cuDeviceTotalMem_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    CUresult rc = real(bytes, device);
+    if (rc == CUDA_SUCCESS && bytes != NULL && gs_init() == CUDA_SUCCESS) {
+        uint64_t limit = gs_limit(device);
+        if (limit != 0) {
+            *bytes = (size_t)min_u64(limit, *bytes);
+        }
+    }
+    return rc;
+}
+
+/* NVML index of a device, or -1. NVML and CUDA indices agree inside a container that sees
+ * only its own GPUs (see docs/isolation.md). */
+static int nvml_index(nvmlDevice_t device) {
+    __typeof__(&nvmlDeviceGetIndex) get_index = REAL_NVML(nvmlDeviceGetIndex);
+    unsigned int index = 0;
+    if (get_index == NULL || get_index(device, &index) != NVML_SUCCESS ||
+        index >= GS_MAX_DEVICES) {
+        return -1;
+    }
+    return (int)index;
+}
+
+GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    __typeof__(&nvmlDeviceGetMemoryInfo) real = REAL_NVML(nvmlDeviceGetMemoryInfo);
+    if (real == NULL) {
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    nvmlReturn_t rc = real(device, memory);
+    if (rc == NVML_SUCCESS && memory != NULL && gs_init() == CUDA_SUCCESS) {
+        int index = nvml_index(device);
+        uint64_t limit = gs_limit(index);
+        if (limit != 0) {
+            uint64_t total = min_u64(limit, memory->total);
+            uint64_t used = min_u64(gs_state_used(index), total);
+            memory->total = total;
+            memory->used = used;
+            memory->free = total - used;
+        }
+    }
+    return rc;
+}
+
+GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    __typeof__(&nvmlDeviceGetMemoryInfo_v2) real = REAL_NVML(nvmlDeviceGetMemoryInfo_v2);
+    if (real == NULL) {
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    nvmlReturn_t rc = real(device, memory);
+    if (rc == NVML_SUCCESS && memory != NULL && gs_init() == CUDA_SUCCESS) {
+        int index = nvml_index(device);
+        uint64_t limit = gs_limit(index);
+        if (limit != 0) {
+            uint64_t total = min_u64(limit, memory->total);
+            uint64_t used = min_u64(gs_state_used(index), total);
+            memory->total = total;
+            memory->reserved = 0; /* the slice has no driver-reserved part of its own */
+            memory->used = used;
+            memory->free = total - used;
+        }
+    }
+    return rc;
+}
+
+/* ---- launches: one relaxed load + tail call when there is no compute limit --------------- */
+
+/*
+ * Each launch entry point jumps through an atomic pointer. It starts at a resolver that
+ * initialises the library and then publishes either the real function (no compute limit:
+ * the steady state is one relaxed load and a tail call, no lock) or a limited wrapper.
+ */
+#define LAUNCH_HOOK(name, params, args)                                                          \
+    typedef CUresult (*name##_fn) params;                                                        \
+    static CUresult name##_resolve params;                                                       \
+    static CUresult name##_limited params;                                                       \
+    static _Atomic(name##_fn) name##_target = name##_resolve;                                    \
+    GS_EXPORT CUresult name params {                                                             \
+        return atomic_load_explicit(&name##_target, memory_order_relaxed) args;                  \
+    }                                                                                            \
+    static CUresult name##_limited params {                                                      \
+        name##_fn real = (name##_fn)gs_real_cuda(GS_FN_##name);                                  \
+        if (real == NULL) {                                                                      \
+            return MISSING_REAL;                                                                 \
+        }                                                                                        \
+        gs_limiter_charge();                                                                     \
+        return real args;                                                                        \
+    }                                                                                            \
+    static CUresult name##_resolve params {                                                      \
+        name##_fn real = (name##_fn)gs_real_cuda(GS_FN_##name);                                  \
+        if (real == NULL) {                                                                      \
+            return MISSING_REAL;                                                                 \
+        }                                                                                        \
+        (void)gs_init();                                                                         \
+        name##_fn next = gs_limiter_active() ? name##_limited : real;                            \
+        atomic_store_explicit(&name##_target, next, memory_order_relaxed);                       \
+        return next args;                                                                        \
+    }
+
+#define KERNEL_PARAMS                                                                            \
+    (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,           \
+     unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,      \
+     void **extra)
+#define KERNEL_ARGS (f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+#define COOP_PARAMS                                                                              \
+    (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,           \
+     unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params)
+#define COOP_ARGS (f, gx, gy, gz, bx, by, bz, shared, stream, params)
+
+LAUNCH_HOOK(cuLaunchKernel, KERNEL_PARAMS, KERNEL_ARGS)
+LAUNCH_HOOK(cuLaunchKernel_ptsz, KERNEL_PARAMS, KERNEL_ARGS)
+LAUNCH_HOOK(cuLaunchCooperativeKernel, COOP_PARAMS, COOP_ARGS)
+LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz, COOP_PARAMS, COOP_ARGS)
+LAUNCH_HOOK(cuLaunchKernelEx,
+            (const CUlaunchConfig *config, CUfunction f, void **params, void **extra),
+            (config, f, params, extra))
+LAUNCH_HOOK(cuLaunchKernelEx_ptsz,
+            (const CUlaunchConfig *config, CUfunction f, void **params, void **extra),
+            (config, f, params, extra))
+LAUNCH_HOOK(cuGraphLaunch, (CUgraphExec graph, CUstream stream), (graph, stream))
+LAUNCH_HOOK(cuGraphLaunch_ptsz, (CUgraphExec graph, CUstream stream), (graph, stream))
+
+/* ---- cuGetProcAddress ------------------------------------------------------------------ */
+
+/* Our hook for a real driver address, or the address itself. */
+static void *hook_for_real(void *real) {
+    for (int i = 0; i < GS_CUDA_HOOK_COUNT; i++) {
+        if (real == cuda_hooks[i].hook) {
+            return real; /* the driver already resolved to our export */
+        }
+        void *candidate = gs_real_cuda((enum gs_cuda_fn)i);
+        if (candidate != NULL && candidate == real) {
+            return cuda_hooks[i].hook;
+        }
+    }
+    return real;
+}
+
+GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **function, int cuda_version,
+                                    cuuint64_t flags) {
+    __typeof__(&cuGetProcAddress) real = REAL(cuGetProcAddress);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    CUresult rc = real(symbol, function, cuda_version, flags);
+    if (rc == CUDA_SUCCESS && function != NULL && *function != NULL) {
+        *function = hook_for_real(*function);
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **function, int cuda_version,
+                                       cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
+    __typeof__(&cuGetProcAddress_v2) real = REAL(cuGetProcAddress_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    CUresult rc = real(symbol, function, cuda_version, flags, status);
+    if (rc == CUDA_SUCCESS && function != NULL && *function != NULL) {
+        *function = hook_for_real(*function);
+    }
+    return rc;
+}
+
+/* ---- dlsym ----------------------------------------------------------------------------- */
+
+/*
+ * dlsym. For a hooked cu* / nvml* name we hand back our hook, whatever the handle. Everything
+ * else must behave exactly like glibc's dlsym, including RTLD_NEXT, which glibc resolves
+ * relative to the object that *called* dlsym (it looks at its own return address). So on
+ * x86-64 the exported dlsym is a small trampoline: it asks gs_dlsym_pre() for a hook and, when
+ * there is none, jumps (not calls) into the real dlsym with the caller's arguments and return
+ * address untouched. Elsewhere a C version calls the real dlsym, whose RTLD_NEXT then means
+ * "after libgpushare" (documented limitation).
+ */
+GS_NO_SANITIZE static void *null_dlsym(void *handle, const char *symbol) {
+    (void)handle;
+    (void)symbol;
+    return NULL;
+}
+
+GS_NO_SANITIZE static void *hook_for_name(const char *symbol) {
+    if (symbol == NULL || gs_in_init()) {
+        return NULL;
+    }
+    if (symbol[0] == 'c' && symbol[1] == 'u') {
+        for (int i = 0; i < GS_CUDA_HOOK_COUNT; i++) {
+            if (same_name(symbol, cuda_hooks[i].name)) {
+                return gs_real_cuda((enum gs_cuda_fn)i) != NULL ? cuda_hooks[i].hook : NULL;
+            }
+        }
+    } else if (symbol[0] == 'n' && symbol[1] == 'v' && symbol[2] == 'm' && symbol[3] == 'l') {
+        for (int i = 0; i < GS_NVML_HOOK_COUNT; i++) {
+            if (same_name(symbol, nvml_hooks[i].name)) {
+                return gs_real_nvml((enum gs_nvml_fn)i) != NULL ? nvml_hooks[i].hook : NULL;
+            }
+        }
+    }
+    return NULL;
+}
+
+
+
+/* Hook for symbol, or NULL with *real set to the function to jump to. */
+__attribute__((used)) void *gs_dlsym_pre(void *handle, const char *symbol, gs_dlsym_fn *real);
+GS_NO_SANITIZE __attribute__((used)) void *gs_dlsym_pre(void *handle, const char *symbol,
+                                                         gs_dlsym_fn *real) {
+    (void)handle;
+    void *hook = hook_for_name(symbol);
+    if (hook != NULL) {
+        return hook;
+    }
+    gs_dlsym_fn fn = gs_real_dlsym_fn();
+    *real = fn != NULL ? fn : null_dlsym;
+    return NULL;
+}
+
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym, @function\n"
+        ".p2align 4\n"
+        "dlsym:\n"
+        "    .cfi_startproc\n"
+        "    endbr64\n"
+        "    pushq %rdi\n"
+        "    .cfi_adjust_cfa_offset 8\n"
+        "    pushq %rsi\n"
+        "    .cfi_adjust_cfa_offset 8\n"
+        "    subq $24, %rsp\n" /* keeps the stack 16-byte aligned at the call */
+        "    .cfi_adjust_cfa_offset 24\n"
+        "    movq $0, (%rsp)\n"
+        "    movq %rsp, %rdx\n"
+        "    call gs_dlsym_pre\n"
+        "    movq (%rsp), %r11\n"
+        "    addq $24, %rsp\n"
+        "    .cfi_adjust_cfa_offset -24\n"
+        "    popq %rsi\n"
+        "    .cfi_adjust_cfa_offset -8\n"
+        "    popq %rdi\n"
+        "    .cfi_adjust_cfa_offset -8\n"
+        "    testq %rax, %rax\n"
+        "    jnz 1f\n"
+        "    jmp *%r11\n"
+        "1:  ret\n"
+        "    .cfi_endproc\n"
+        ".size dlsym, .-dlsym\n");
+#else
+GS_EXPORT void *dlsym(void *handle, const char *name) {
+    const char *symbol = name;
+    __asm__("" : "+r"(symbol)); /* dlfcn.h declares name nonnull; callers can still pass NULL */
+    gs_dlsym_fn real = null_dlsym;
+    void *hook = gs_dlsym_pre(handle, symbol, &real);
+    return hook != NULL ? hook : real(handle, symbol);
+}
+#endif

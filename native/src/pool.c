@@ -1,0 +1,215 @@
+/*
+ * Stream-ordered allocation (cuMemAllocAsync, cuMemAllocFromPoolAsync).
+ *
+ * A memory pool reserves device memory in chunks and keeps it after cuMemFreeAsync, so what
+ * occupies the GPU is the pool's reservation, not the sum of live requests. When the driver
+ * provides cuMemPoolGetAttribute we charge exactly that: each pool this process allocates from
+ * has a process-local record of the reservation we have charged, and every pool operation
+ * settles the record against CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT. Without the attribute we
+ * fall back to charging each request like cuMemAlloc.
+ *
+ * Pool allocations are serialised within the process (one mutex) so that the before/after
+ * reservation difference belongs to one call. The growth is reserved against the limit before
+ * the real call (the part of the request the pool cannot serve from its free reservation);
+ * if the pool grew by more (chunk rounding) the extra is reserved afterwards, and if that is
+ * refused the allocation is undone (freed and the pool trimmed) and OUT_OF_MEMORY returned.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "gpushare.h"
+
+#define GS_MAX_POOLS 64
+
+typedef CUresult (*get_attr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
+typedef CUresult (*get_pool_fn)(CUmemoryPool *, CUdevice);
+typedef CUresult (*trim_fn)(CUmemoryPool, size_t);
+
+struct pool_record {
+    CUmemoryPool pool;
+    int device;
+    uint64_t charged; /* reservation charged to the limit */
+};
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct pool_record pools[GS_MAX_POOLS];
+static int pool_count;
+
+static int query(CUmemoryPool pool, CUmemPool_attribute attribute, uint64_t *value) {
+    get_attr_fn get = (get_attr_fn)gs_real_cuda(GS_FN_cuMemPoolGetAttribute);
+    cuuint64_t number = 0;
+    if (get == NULL || get(pool, attribute, &number) != CUDA_SUCCESS) {
+        return -1;
+    }
+    *value = number;
+    return 0;
+}
+
+static struct pool_record *find_or_add(CUmemoryPool pool, int device) {
+    for (int i = 0; i < pool_count; i++) {
+        if (pools[i].pool == pool) {
+            return &pools[i];
+        }
+    }
+    if (pool_count == GS_MAX_POOLS) {
+        return NULL;
+    }
+    struct pool_record *r = &pools[pool_count++];
+    r->pool = pool;
+    r->device = device;
+    r->charged = 0;
+    return r;
+}
+
+/* Bring the charge in line with the pool's current reservation. Caller holds pool_lock. */
+static void settle(struct pool_record *r) {
+    uint64_t reserved;
+    if (query(r->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != 0) {
+        return;
+    }
+    if (reserved > r->charged) {
+        gs_state_force(r->device, reserved - r->charged);
+    } else if (reserved < r->charged) {
+        gs_unreserve(r->device, r->charged - reserved);
+    }
+    r->charged = reserved;
+}
+
+static void lock_pools(void) {
+    if (pthread_mutex_lock(&pool_lock) != 0) {
+        abort();
+    }
+}
+
+static void unlock_pools(void) {
+    if (pthread_mutex_unlock(&pool_lock) != 0) {
+        abort();
+    }
+}
+
+void gs_pool_settle_all(void) {
+    lock_pools();
+    for (int i = 0; i < pool_count; i++) {
+        settle(&pools[i]);
+    }
+    unlock_pools();
+}
+
+static CUresult call_alloc(gs_alloc_async_fn alloc, gs_alloc_pool_fn alloc_from_pool,
+                           CUdeviceptr *pointer, size_t bytes, CUmemoryPool pool,
+                           CUstream stream) {
+    return alloc != NULL ? alloc(pointer, bytes, stream)
+                         : alloc_from_pool(pointer, bytes, pool, stream);
+}
+
+/* The request-charging fallback (no pool attributes). */
+static CUresult by_request(gs_alloc_async_fn alloc, gs_alloc_pool_fn alloc_from_pool, int device,
+                           CUdeviceptr *pointer, size_t bytes, CUmemoryPool pool,
+                           CUstream stream) {
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, bytes, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = call_alloc(alloc, alloc_from_pool, pointer, bytes, pool, stream);
+    if (rc == CUDA_SUCCESS) {
+        (void)gs_remember(GS_KIND_PTR, *pointer, device, charged);
+    } else {
+        gs_unreserve(device, charged);
+    }
+    return rc;
+}
+
+static CUmemoryPool current_pool(int device) {
+    CUmemoryPool pool = NULL;
+    get_pool_fn get = (get_pool_fn)gs_real_cuda(GS_FN_cuDeviceGetMemPool);
+    if (get != NULL && get(&pool, device) == CUDA_SUCCESS && pool != NULL) {
+        return pool;
+    }
+    get = (get_pool_fn)gs_real_cuda(GS_FN_cuDeviceGetDefaultMemPool);
+    if (get != NULL && get(&pool, device) == CUDA_SUCCESS) {
+        return pool;
+    }
+    return NULL;
+}
+
+CUresult gs_pool_alloc(gs_alloc_async_fn alloc, gs_alloc_pool_fn alloc_from_pool,
+                       gs_free_async_fn free_async, CUdeviceptr *pointer, size_t bytes,
+                       CUmemoryPool pool, CUstream stream) {
+    if ((alloc == NULL && alloc_from_pool == NULL) || free_async == NULL) {
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    CUresult rc = gs_init();
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    int device = gs_current_device();
+    if (gs_limit(device) == 0 || bytes == 0 || pointer == NULL) {
+        return call_alloc(alloc, alloc_from_pool, pointer, bytes, pool, stream);
+    }
+    CUmemoryPool target = alloc != NULL ? current_pool(device) : pool;
+    uint64_t probe;
+    if (target == NULL || query(target, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &probe) != 0) {
+        return by_request(alloc, alloc_from_pool, device, pointer, bytes, pool, stream);
+    }
+    lock_pools();
+    struct pool_record *r = find_or_add(target, device);
+    if (r == NULL) {
+        unlock_pools();
+        return by_request(alloc, alloc_from_pool, device, pointer, bytes, pool, stream);
+    }
+    settle(r);
+    uint64_t before = r->charged, used = 0;
+    if (query(target, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != 0) {
+        used = before;
+    }
+    uint64_t spare = before > used ? before - used : 0;
+    uint64_t pre = 0;
+    if (bytes > spare) {
+        rc = gs_reserve(r->device, bytes - spare, &pre);
+        if (rc != CUDA_SUCCESS) {
+            unlock_pools();
+            return rc;
+        }
+    }
+    rc = call_alloc(alloc, alloc_from_pool, pointer, bytes, pool, stream);
+    uint64_t after;
+    if (query(target, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &after) != 0) {
+        after = before + (rc == CUDA_SUCCESS ? pre : 0);
+    }
+    uint64_t growth = after > before ? after - before : 0;
+    if (growth <= pre) {
+        gs_unreserve(r->device, pre - growth);
+        r->charged = before + growth;
+    } else {
+        uint64_t extra = 0;
+        CUresult more = gs_reserve(r->device, growth - pre, &extra);
+        if (more != CUDA_SUCCESS && rc == CUDA_SUCCESS) {
+            /* Undo: return the block to the pool and give the new reservation back. */
+            (void)free_async(*pointer, stream);
+            trim_fn trim = (trim_fn)gs_real_cuda(GS_FN_cuMemPoolTrimTo);
+            if (trim != NULL) {
+                (void)trim(target, (size_t)before);
+            }
+            gs_unreserve(r->device, pre);
+            r->charged = before;
+            settle(r);
+            unlock_pools();
+            return more;
+        }
+        r->charged = before + pre + extra;
+        settle(r);
+    }
+    unlock_pools();
+    return rc;
+}
+
+void gs_pool_fork_prepare(void) { lock_pools(); }
+
+void gs_pool_fork_parent(void) { unlock_pools(); }
+
+/* The child's pools are copies whose reservations the parent's slot pays for: start afresh. */
+void gs_pool_fork_child(void) {
+    pool_count = 0;
+    unlock_pools();
+}
