@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: setup simulate test lint bench clean
+.PHONY: setup simulate test lint native bench clean
 
 setup: $(VENV)/.installed
 
@@ -26,7 +26,12 @@ lint: setup
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 
-test: setup lint
+# The interception library, the mock CUDA driver and NVML, and the C test programs, plain and
+# under the sanitizers (needs a C compiler and libcjson-dev).
+native:
+	$(MAKE) -C native all testing asan tsan
+
+test: setup lint native
 	$(BIN)/pytest
 
 bench: setup
@@ -34,3 +39,4 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache .hypothesis
+	$(MAKE) -C native clean
