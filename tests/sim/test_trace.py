@@ -409,3 +409,9 @@ def test_row_numbers_count_blank_lines(tmp_path: Path, nodes: list[Node]) -> Non
 
 def test_trace_error_is_a_value_error() -> None:
     assert issubclass(TraceError, ValueError)
+
+
+def test_duplicate_pod_name(tmp_path: Path) -> None:
+    nodes = load_nodes(nodes_file(tmp_path, ["n1,64000,262144,2,T4"]))
+    path = pods_file(tmp_path, ["a,1,1,1,500,", "b,1,1,1,500,", "a,1,1,0,0,"])
+    assert_row_error(trace_error(load_pods, path, nodes), path, 4, "a", "twice", "row 2")

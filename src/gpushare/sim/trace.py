@@ -159,9 +159,13 @@ def load_pods(path: Path, nodes: list[Node]) -> list[TracePod]:
         for n in nodes
     }
     pods: list[TracePod] = []
+    first_row: dict[str, int] = {}
     for row_number, row in _rows(path, POD_COLUMNS):
         where = f"{path}: row {row_number}"
         name = row["name"].strip() or f"row-{row_number}"
+        if name in first_row:
+            raise TraceError(f"{where}: pod {name} appears twice (first in row {first_row[name]})")
+        first_row[name] = row_number
         cpu_milli = _count(path, row_number, row, "cpu_milli")
         memory_mib = _count(path, row_number, row, "memory_mib")
         gpu_count = _count(path, row_number, row, "num_gpu")
