@@ -60,7 +60,21 @@
 
 #define GS_NVML_HOOKS(X)                                                                         \
     X(nvmlDeviceGetMemoryInfo)                                                                   \
-    X(nvmlDeviceGetMemoryInfo_v2)
+    X(nvmlDeviceGetMemoryInfo_v2)                                                                \
+    X(nvmlDeviceGetComputeRunningProcesses_v3)                                                   \
+    X(nvmlDeviceGetComputeRunningProcesses_v2)                                                   \
+    X(nvmlDeviceGetComputeRunningProcesses)
+
+/* NVML process-list entry points that driver_types.h (the mock's header) does not declare. The
+ * plain one fills nvmlProcessInfo_v1_t (no instance ids); _v2 has the _v3 layout. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} gs_nvmlProcessInfo_v1_t;
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                  gs_nvmlProcessInfo_v1_t *infos);
 
 /* Entry points we only call. */
 #define GS_CUDA_AUX(X)                                                                           \
@@ -136,6 +150,15 @@ int gs_state_reserve(int device, uint64_t bytes, uint64_t limit);
 void gs_state_release(int device, uint64_t bytes);
 void gs_state_force(int device, uint64_t bytes);
 uint64_t gs_state_used(int device);
+#define GS_MAX_PROCESSES 256 /* = the state file's slot count */
+/* A process of the container: a live, published slot and what it is charged on a device. */
+struct gs_state_process {
+    uint32_t pid;
+    uint64_t used;
+};
+/* The container's processes charged something on device, into out[0..max). Returns how many
+ * there are (may exceed max; then only max were written). */
+unsigned gs_state_processes(int device, struct gs_state_process *out, unsigned max);
 struct gs_state_device;
 /* The shared per-device record (NULL without a state file or for a bad index). */
 struct gs_state_device *gs_state_device(int device);
@@ -191,8 +214,10 @@ void gs_pool_fork_child(void);
 void gs_limiter_start(unsigned core_limit_percent);
 /* Non-zero when launches must go through gs_limiter_charge. */
 int gs_limiter_active(void);
+/* What a launch is charged as: each kind has its own adaptive estimate of its GPU time. */
+enum gs_launch_kind { GS_LAUNCH_KERNEL = 0, GS_LAUNCH_GRAPH = 1 };
 /* Charge a launch on the current device; blocks while the device's bucket is empty. */
-void gs_limiter_charge(void);
+void gs_limiter_charge(enum gs_launch_kind kind);
 /* In a fork child: the sampler thread did not survive; start it again on the next launch. */
 void gs_limiter_fork_child(void);
 

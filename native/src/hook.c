@@ -542,6 +542,67 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
     return rc;
 }
 
+/*
+ * The process list. With a memory limit on the device, the container sees its own processes
+ * only: those holding a live slot in its state file that are charged something on the device,
+ * each with what our accounting charges it (its allocations and context overhead), the same
+ * numbers nvmlDeviceGetMemoryInfo adds up. Without a limit (or when the device handle is not
+ * valid, or NVML is not initialised) the call passes through. `stride` is the caller's element
+ * size: the plain entry point fills the shorter nvmlProcessInfo_v1_t.
+ */
+#define GS_PASS_THROUGH ((nvmlReturn_t)-1)
+
+/* GS_PASS_THROUGH when the caller must call the real entry point. */
+static nvmlReturn_t process_list(nvmlDevice_t device, unsigned int *count, void *infos,
+                                 size_t stride) {
+    int index = nvml_index(device);
+    if (index < 0 || gs_init() != CUDA_SUCCESS || gs_limit(index) == 0) {
+        return GS_PASS_THROUGH;
+    }
+    if (count == NULL || (*count > 0 && infos == NULL)) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    struct gs_state_process found[GS_MAX_PROCESSES];
+    unsigned live = gs_state_processes(index, found, GS_MAX_PROCESSES);
+    if (live > GS_MAX_PROCESSES) {
+        live = GS_MAX_PROCESSES; /* cannot happen: one slot per process */
+    }
+    if (live > *count) {
+        *count = live;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned k = 0; k < live; k++) {
+        void *entry = (char *)infos + k * stride;
+        if (stride == sizeof(gs_nvmlProcessInfo_v1_t)) {
+            gs_nvmlProcessInfo_v1_t *info = entry;
+            info->pid = found[k].pid;
+            info->usedGpuMemory = found[k].used;
+        } else {
+            nvmlProcessInfo_t *info = entry;
+            info->pid = found[k].pid;
+            info->usedGpuMemory = found[k].used;
+            info->gpuInstanceId = 0xFFFFFFFFu; /* not a MIG instance */
+            info->computeInstanceId = 0xFFFFFFFFu;
+        }
+    }
+    *count = live;
+    return NVML_SUCCESS;
+}
+
+#define PROCESS_LIST_HOOK(name, info_type)                                                       \
+    GS_EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *count, info_type *infos) {    \
+        __typeof__(&name) real = REAL_NVML(name);                                                \
+        if (real == NULL) {                                                                      \
+            return NVML_ERROR_UNINITIALIZED;                                                     \
+        }                                                                                        \
+        nvmlReturn_t rc = process_list(device, count, infos, sizeof(info_type));                 \
+        return rc == GS_PASS_THROUGH ? real(device, count, infos) : rc;                          \
+    }
+
+PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
+PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t)
+PROCESS_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses, gs_nvmlProcessInfo_v1_t)
+
 /* ---- launches: one relaxed load + tail call when there is no compute limit --------------- */
 
 /*
@@ -549,7 +610,7 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
  * initialises the library and then publishes either the real function (no compute limit:
  * the steady state is one relaxed load and a tail call, no lock) or a limited wrapper.
  */
-#define LAUNCH_HOOK(name, params, args)                                                          \
+#define LAUNCH_HOOK(name, kind, params, args)                                                    \
     typedef CUresult (*name##_fn) params;                                                        \
     static CUresult name##_resolve params;                                                       \
     static CUresult name##_limited params;                                                       \
@@ -562,7 +623,7 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
         if (real == NULL) {                                                                      \
             return MISSING_REAL;                                                                 \
         }                                                                                        \
-        gs_limiter_charge();                                                                     \
+        gs_limiter_charge(kind);                                                                 \
         return real args;                                                                        \
     }                                                                                            \
     static CUresult name##_resolve params {                                                      \
@@ -586,18 +647,20 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
      unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params)
 #define COOP_ARGS (f, gx, gy, gz, bx, by, bz, shared, stream, params)
 
-LAUNCH_HOOK(cuLaunchKernel, KERNEL_PARAMS, KERNEL_ARGS)
-LAUNCH_HOOK(cuLaunchKernel_ptsz, KERNEL_PARAMS, KERNEL_ARGS)
-LAUNCH_HOOK(cuLaunchCooperativeKernel, COOP_PARAMS, COOP_ARGS)
-LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz, COOP_PARAMS, COOP_ARGS)
-LAUNCH_HOOK(cuLaunchKernelEx,
+LAUNCH_HOOK(cuLaunchKernel, GS_LAUNCH_KERNEL, KERNEL_PARAMS, KERNEL_ARGS)
+LAUNCH_HOOK(cuLaunchKernel_ptsz, GS_LAUNCH_KERNEL, KERNEL_PARAMS, KERNEL_ARGS)
+LAUNCH_HOOK(cuLaunchCooperativeKernel, GS_LAUNCH_KERNEL, COOP_PARAMS, COOP_ARGS)
+LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz, GS_LAUNCH_KERNEL, COOP_PARAMS, COOP_ARGS)
+LAUNCH_HOOK(cuLaunchKernelEx, GS_LAUNCH_KERNEL,
             (const CUlaunchConfig *config, CUfunction f, void **params, void **extra),
             (config, f, params, extra))
-LAUNCH_HOOK(cuLaunchKernelEx_ptsz,
+LAUNCH_HOOK(cuLaunchKernelEx_ptsz, GS_LAUNCH_KERNEL,
             (const CUlaunchConfig *config, CUfunction f, void **params, void **extra),
             (config, f, params, extra))
-LAUNCH_HOOK(cuGraphLaunch, (CUgraphExec graph, CUstream stream), (graph, stream))
-LAUNCH_HOOK(cuGraphLaunch_ptsz, (CUgraphExec graph, CUstream stream), (graph, stream))
+LAUNCH_HOOK(cuGraphLaunch, GS_LAUNCH_GRAPH, (CUgraphExec graph, CUstream stream),
+            (graph, stream))
+LAUNCH_HOOK(cuGraphLaunch_ptsz, GS_LAUNCH_GRAPH, (CUgraphExec graph, CUstream stream),
+            (graph, stream))
 
 /* ---- cuGetProcAddress ------------------------------------------------------------------ */
 

@@ -14,6 +14,8 @@
  * is damped (halfway per step, at most x2 / x0.5) and only applied when it is meaningful:
  * measured above target (charge more), or below target while launches were being held back
  * (charge less); an idle or lightly loaded application does not drag the estimate down.
+ * Kernel and graph launches have separate estimates (a graph runs many kernels); each step
+ * corrects each kind in proportion to its share of what was charged in the last period.
  * See docs/isolation.md for why this converges and its limits.
  */
 #include <errno.h>
@@ -47,12 +49,34 @@ static void sleep_ns(uint64_t ns) {
     }
 }
 
-static uint64_t cost_of(struct gs_state_device *d) {
-    uint64_t cost = atomic_load_explicit(&d->launch_cost_ns, memory_order_relaxed);
+/* Per-kind estimate: [GS_LAUNCH_KERNEL] launch_cost_ns, [GS_LAUNCH_GRAPH] graph_cost_ns. */
+static _Atomic uint64_t *cost_field(struct gs_state_device *d, enum gs_launch_kind kind) {
+    return kind == GS_LAUNCH_GRAPH ? &d->graph_cost_ns : &d->launch_cost_ns;
+}
+
+static uint64_t cost_of(struct gs_state_device *d, enum gs_launch_kind kind) {
+    uint64_t cost = atomic_load_explicit(cost_field(d, kind), memory_order_relaxed);
     return cost == 0 ? INITIAL_COST_NS : cost;
 }
 
 /* ---- feedback ------------------------------------------------------------------------- */
+
+/* One damped correction step of one kind's estimate: the measured / target ratio (clamped to
+ * [1/2, 2]) is applied with weight `gain` (see adapt) and the estimate moves halfway there. */
+static void correct(struct gs_state_device *d, enum gs_launch_kind kind, double gain,
+                    unsigned measured, unsigned target) {
+    if (gain <= 0.0) {
+        return;
+    }
+    double ratio = (double)measured / (double)target;
+    ratio = ratio < 0.5 ? 0.5 : ratio > 2.0 ? 2.0 : ratio;
+    double cost = (double)cost_of(d, kind);
+    double next = (cost + cost * (1.0 + gain * (ratio - 1.0))) / 2.0;
+    uint64_t value = next < (double)MIN_COST_NS   ? MIN_COST_NS
+                     : next > (double)MAX_COST_NS ? MAX_COST_NS
+                                                  : (uint64_t)next;
+    atomic_store_explicit(cost_field(d, kind), value, memory_order_relaxed);
+}
 
 static void adapt(int device, nvmlDevice_t handle) {
     struct gs_state_device *d = gs_state_device(device);
@@ -69,6 +93,9 @@ static void adapt(int device, nvmlDevice_t handle) {
                                                  memory_order_acq_rel, memory_order_relaxed)) {
         return; /* another process of the container adapted this period */
     }
+    /* What was charged since the last step, per kind (microseconds, packed; see state.h). */
+    uint64_t mix = atomic_exchange_explicit(&d->charged_mix, 0, memory_order_relaxed);
+    uint64_t kernel_us = mix & 0xffffffffull, graph_us = mix >> 32;
     uint64_t throttled = atomic_load_explicit(&d->throttled_at_ns, memory_order_relaxed);
     int held_back = throttled != 0 && now - throttled < 2 * SAMPLE_NS;
     unsigned target = share_percent;
@@ -76,20 +103,22 @@ static void adapt(int device, nvmlDevice_t handle) {
     if (!(measured > target + 1 || (held_back && measured + 1 < target))) {
         return;
     }
-    uint64_t cost = cost_of(d);
-    /* ratio = measured / target, clamped to [1/2, 2]; move halfway there. */
-    uint64_t scaled = cost * (measured < target / 2 ? target / 2 : measured) / target;
-    if (scaled > 2 * cost) {
-        scaled = 2 * cost;
+    /* Each kind is corrected in proportion to its part f of the charged time: a period of graph
+     * launches only teaches the graph estimate, one of kernels only the kernel estimate, and a
+     * mix moves both. The weights f / (f_kernel^2 + f_graph^2) make the total charge move by
+     * exactly the single-estimate step (sum of f * weight = 1), so a steady mix converges as
+     * fast as one kind alone; each weight is at most 1.21. No charge recorded (work queued
+     * earlier) or an implausible record (counters left running for an hour without a sampler,
+     * so a half overflowed): correct both fully, as a single shared estimate would. */
+    double kernel_gain = 1.0, graph_gain = 1.0;
+    if (mix != 0 && kernel_us < (1ull << 31) && graph_us < (1ull << 31)) {
+        double fk = (double)kernel_us / (double)(kernel_us + graph_us);
+        double fg = 1.0 - fk;
+        kernel_gain = fk / (fk * fk + fg * fg);
+        graph_gain = fg / (fk * fk + fg * fg);
     }
-    uint64_t next = (cost + scaled) / 2;
-    if (next < MIN_COST_NS) {
-        next = MIN_COST_NS;
-    }
-    if (next > MAX_COST_NS) {
-        next = MAX_COST_NS;
-    }
-    atomic_store_explicit(&d->launch_cost_ns, next, memory_order_relaxed);
+    correct(d, GS_LAUNCH_KERNEL, kernel_gain, measured, target);
+    correct(d, GS_LAUNCH_GRAPH, graph_gain, measured, target);
 }
 
 static void *sampler(void *arg) {
@@ -145,7 +174,7 @@ int gs_limiter_active(void) { return atomic_load_explicit(&limiter_on, memory_or
 
 void gs_limiter_fork_child(void) { atomic_store(&sampler_started, 0); }
 
-void gs_limiter_charge(void) {
+void gs_limiter_charge(enum gs_launch_kind kind) {
     if (!gs_limiter_active()) {
         return;
     }
@@ -156,7 +185,11 @@ void gs_limiter_charge(void) {
     if (d == NULL) {
         return;
     }
-    uint64_t interval = cost_of(d) * 100 / share_percent;
+    uint64_t cost = cost_of(d, kind);
+    uint64_t us = cost / 1000;
+    atomic_fetch_add_explicit(&d->charged_mix, kind == GS_LAUNCH_GRAPH ? us << 32 : us,
+                              memory_order_relaxed);
+    uint64_t interval = cost * 100 / share_percent;
     for (;;) {
         uint64_t now = now_ns();
         uint64_t tat = atomic_load_explicit(&d->launch_tat_ns, memory_order_relaxed);

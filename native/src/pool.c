@@ -133,6 +133,29 @@ static CUmemoryPool current_pool(int device) {
     return NULL;
 }
 
+/* The device a pool belongs to: the device whose current or default pool it is. A pool made
+ * with cuMemPoolCreate is neither (its device is in the creation properties, which we do not
+ * record): -1, and the caller falls back to the current context's device. */
+static int pool_device(CUmemoryPool pool) {
+    get_pool_fn get_current = (get_pool_fn)gs_real_cuda(GS_FN_cuDeviceGetMemPool);
+    get_pool_fn get_default = (get_pool_fn)gs_real_cuda(GS_FN_cuDeviceGetDefaultMemPool);
+    for (int device = 0; device < GS_MAX_DEVICES && get_default != NULL; device++) {
+        CUmemoryPool candidate = NULL;
+        if (get_default(&candidate, device) != CUDA_SUCCESS) {
+            break; /* no such device */
+        }
+        if (candidate == pool) {
+            return device;
+        }
+        candidate = NULL;
+        if (get_current != NULL && get_current(&candidate, device) == CUDA_SUCCESS &&
+            candidate == pool) {
+            return device;
+        }
+    }
+    return -1;
+}
+
 CUresult gs_pool_alloc(gs_alloc_async_fn alloc, gs_alloc_pool_fn alloc_from_pool,
                        gs_free_async_fn free_async, CUdeviceptr *pointer, size_t bytes,
                        CUmemoryPool pool, CUstream stream) {
@@ -143,7 +166,10 @@ CUresult gs_pool_alloc(gs_alloc_async_fn alloc, gs_alloc_pool_fn alloc_from_pool
     if (rc != CUDA_SUCCESS) {
         return rc;
     }
-    int device = gs_current_device();
+    int device = alloc_from_pool != NULL && pool != NULL ? pool_device(pool) : -1;
+    if (device < 0) {
+        device = gs_current_device();
+    }
     if (gs_limit(device) == 0 || bytes == 0 || pointer == NULL) {
         return call_alloc(alloc, alloc_from_pool, pointer, bytes, pool, stream);
     }

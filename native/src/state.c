@@ -16,6 +16,8 @@
 
 #include "state.h"
 
+_Static_assert(GS_MAX_PROCESSES == GS_STATE_SLOTS, "one process per slot");
+
 static struct gs_state_file *state;
 static _Atomic int my_slot = -1;
 
@@ -355,6 +357,31 @@ uint64_t gs_state_used(int device) {
         return 0;
     }
     return atomic_load_explicit(&state->devices[device].used, memory_order_acquire);
+}
+
+unsigned gs_state_processes(int device, struct gs_state_process *out, unsigned max) {
+    if (state == NULL || device < 0 || device >= GS_MAX_DEVICES) {
+        return 0;
+    }
+    unsigned count = 0;
+    for (int i = 0; i < (int)GS_STATE_SLOTS; i++) {
+        struct gs_state_slot *slot = &state->slots[i];
+        uint64_t tag = atomic_load_explicit(&slot->tag, memory_order_acquire);
+        if (tag == 0 || (tag & (GS_SLOT_CLAIMING | GS_SLOT_RECLAIMING)) != 0) {
+            continue;
+        }
+        uint32_t pid = (uint32_t)(tag & GS_SLOT_PID_MASK);
+        uint64_t used = atomic_load_explicit(&slot->used[device], memory_order_relaxed);
+        if (used == 0 || !pid_alive(pid)) {
+            continue;
+        }
+        if (count < max) {
+            out[count].pid = pid;
+            out[count].used = used;
+        }
+        count++;
+    }
+    return count;
 }
 
 void gs_state_release_slot(void) {

@@ -48,7 +48,11 @@ struct gs_state_device {
     _Atomic uint64_t launch_cost_ns; /* estimated GPU time of one launch (0: not yet known) */
     _Atomic uint64_t adapted_at_ns;  /* last feedback step (one process per period wins) */
     _Atomic uint64_t throttled_at_ns; /* last time a launch had to wait */
-    uint64_t reserved[2];
+    /* Formerly reserved (zero in every file, so version 1 still): */
+    _Atomic uint64_t graph_cost_ns; /* estimated GPU time of one graph launch (0: not yet known) */
+    /* Estimated GPU time charged since the last feedback step, microseconds: kernel launches in
+     * bits 0..31, graph launches in bits 32..63 (one fetch_add per launch, reset by the step). */
+    _Atomic uint64_t charged_mix;
 };
 
 struct gs_state_slot {

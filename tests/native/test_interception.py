@@ -26,9 +26,12 @@ PROGRAMS = [
     "intercept_alloc",
     "intercept_dlsym",
     "intercept_fork",
+    "intercept_graph",
     "intercept_info",
     "intercept_launch",
+    "intercept_pooldev",
     "intercept_procaddress",
+    "intercept_procs",
     "intercept_refused",
     "intercept_stress",
     "intercept_worker",
@@ -184,6 +187,19 @@ def test_each_api_is_limited(container: Env, api: str) -> None:
         assert int(v["used_pool_kept"]) == OVERHEAD + charge
 
 
+def test_pool_allocation_charges_the_pools_device(
+    lib_build: Path, tmp_path: Path, mock_config: Callable[..., Path]
+) -> None:
+    # Context on device 0 (no limit there), allocation from device 1's pool (1 GiB limit).
+    devices = [*DEVICES, dict(DEVICES[0], uuid="GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee")]
+    env = Env(lib_build, tmp_path, mock_config(devices=devices))
+    env.limits(f"memory_limit_bytes.1=1GiB\nstate_dir={env.state_dir}\n")
+    assert ok(env.run("intercept_pooldev", 512 * MIB))["rc"] == "0"
+    result = env.run("intercept_pooldev", 2 * GIB)
+    assert ok(result)["rc"] == "2"  # refused against device 1's limit
+    assert OOM_LINE.findall(result.stderr) == ["1"], result.stderr
+
+
 def test_refusal_line_names_device_limit_and_usage(container: Env) -> None:
     container.default_limits(GIB)
     result = container.run("intercept_alloc", "alloc", 600 * MIB)
@@ -218,6 +234,53 @@ def test_reports_the_slice(container: Env) -> None:
     assert int(v["nvml_used"]) == used and int(v["nvml_free"]) == limit - used
     assert int(v["nvml2_total"]) == limit
     assert int(v["nvml2_used"]) == used and int(v["nvml2_free"]) == limit - used
+
+
+def _procs(text: str) -> dict[int, int]:
+    return {int(p): int(u) for p, _, u in (e.partition(":") for e in text.split(",") if e)}
+
+
+def _stop(workers: list[subprocess.Popen[str]]) -> None:
+    for w in workers:
+        w.communicate("", timeout=30)  # stdin closed before "go": exits at once
+        assert w.returncode == 0
+
+
+def test_process_list_shows_only_the_container(
+    lib_build: Path, tmp_path: Path, mock_config: Callable[..., Path]
+) -> None:
+    # Two containers (two state directories, two limits files) on one mock GPU.
+    config = mock_config(devices=DEVICES)
+    containers = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        containers.append(Env(lib_build, tmp_path / name, config))
+        containers[-1].default_limits(4 * GIB)
+    holders = [_start_workers(c, 1, 64 * MIB)[0] for c in containers]
+    try:
+        for c, holder, b in zip(containers, holders, (100 * MIB, 200 * MIB), strict=True):
+            v = ok(c.run("intercept_procs", b))
+            me = int(v["self"])
+            expected = {holder.pid: OVERHEAD, me: OVERHEAD + b}  # what we charge each
+            assert v["query_rc"] == "7" and v["query_count"] == "2"  # INSUFFICIENT_SIZE
+            assert v["short_rc"] == "7" and v["short_count"] == "2"
+            assert v["rc"] == "0" and v["count"] == "2"
+            assert _procs(v["procs"]) == expected
+    finally:
+        _stop(holders)
+    # Without a limit the driver's list passes through: everyone on the GPU, the driver's sizes
+    # (the mock charges 300 MiB per context).
+    free = Env(lib_build, tmp_path / "a", config)
+    free.limits_path = tmp_path / "none.conf"
+    holders = [_start_workers(c, 1, 64 * MIB)[0] for c in containers]
+    try:
+        v = ok(free.run("intercept_procs", 100 * MIB))
+        procs = _procs(v["procs"])
+        assert set(procs) == {holders[0].pid, holders[1].pid, int(v["self"])}
+        assert procs[holders[0].pid] == 300 * MIB
+        assert procs[int(v["self"])] == 400 * MIB
+    finally:
+        _stop(holders)
 
 
 def test_no_limit_passes_through(container: Env) -> None:
@@ -511,6 +574,39 @@ def test_core_limit_is_shared_by_processes(
     assert 24.0 <= sum(shares) <= 36.0, shares
 
 
+def test_core_limit_holds_for_graphs(
+    lib_build: Path, tmp_path: Path, mock_config: Callable[..., Path]
+) -> None:
+    # Graph launches of 10 x 1 ms kernels: only graphs; alternating with single 1 ms kernels;
+    # and 400 ms phases of each, where one estimate shared by both kinds would be dragged to the
+    # kernel cost in every kernel phase and let the next graph phase run far over the limit.
+    # Three independent containers, each with its own mock GPU, run at the same time.
+    runs = {}
+    for pattern in ("graph", "alt", "phases"):
+        (tmp_path / pattern).mkdir()
+        config = tmp_path / pattern / "mock.json"
+        config.write_bytes(mock_config(devices=DEVICES, utilization_window_ms=200).read_bytes())
+        env = Env(lib_build, tmp_path / pattern, config)
+        env.default_limits(GIB, core_limit_percent=30)
+        runs[pattern] = subprocess.Popen(
+            [str(lib_build / "tests" / "intercept_graph"), "4000", "1000", "10", pattern],
+            env=env.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    results = {}
+    for pattern, p in runs.items():
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        results[pattern] = values(out)
+    for pattern, v in results.items():
+        assert 24.0 <= float(v["late_share_percent"]) <= 36.0, (pattern, v)
+    phases = results["phases"]
+    assert 24.0 <= float(phases["late_graph_share_percent"]) <= 36.0, phases
+    assert 24.0 <= float(phases["late_kernel_share_percent"]) <= 36.0, phases
+
+
 def test_no_core_limit_does_not_throttle(container: Env) -> None:
     container.default_limits(GIB)
     v = ok(container.run("intercept_launch", 300, 1000))
@@ -533,6 +629,7 @@ def test_asan_ubsan(tmp_path: Path, mock_config: Callable[..., Path]) -> None:
         ("intercept_fork", (100 * MIB,)),
         ("intercept_stress", (4, 500, 64 * MIB)),
         ("intercept_launch", (200, 1000)),
+        ("intercept_procs", (100 * MIB,)),
     ]:
         result = env.run(program, *args, ASAN_OPTIONS="detect_leaks=1")
         assert result.returncode == 0, f"{program}: {result.stderr}"
@@ -553,5 +650,10 @@ def test_tsan_stress(tmp_path: Path, mock_config: Callable[..., Path]) -> None:
     # The compute limiter (sampler thread + shared bucket) under TSan too.
     env.default_limits(GIB, core_limit_percent=30)
     result = env.run("intercept_launch", 600, 1000, TSAN_OPTIONS="halt_on_error=1", timeout=60)
+    ok(result)
+    assert "ThreadSanitizer" not in result.stderr, result.stderr
+    result = env.run(
+        "intercept_graph", 600, 1000, 10, "alt", TSAN_OPTIONS="halt_on_error=1", timeout=60
+    )
     ok(result)
     assert "ThreadSanitizer" not in result.stderr, result.stderr
