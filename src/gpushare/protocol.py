@@ -1,0 +1,117 @@
+"""The contract between gpushare components: resource names, labels, annotations, endpoints.
+
+Every component that reads or writes a gpushare name on a Kubernetes object takes it from
+here, so that the node agent, the scheduler extender, the device plugin and the simulated
+cluster cannot drift apart. docs/protocol.md describes each name and its unit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+DOMAIN = "gpushare.io"
+
+# Extended resources a node advertises in status.capacity/allocatable and a pod requests.
+RESOURCE_GPU_MEMORY = f"{DOMAIN}/gpu-mem"  # GPU memory in GiB, summed over the node's GPUs
+RESOURCE_GPU_CORE = f"{DOMAIN}/gpu-core"  # GPU compute in percent of one GPU: 100 per GPU
+RESOURCE_GPU_COUNT = f"{DOMAIN}/gpu"  # whole GPUs
+MANAGED_RESOURCES = (RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE, RESOURCE_GPU_COUNT)
+CORE_PER_GPU = 100
+MIB_PER_GIB = 1024
+
+# Node labels.
+LABEL_ENABLED = f"{DOMAIN}/enabled"  # "true": gpushare manages this node's GPUs
+LABEL_GPU_MODEL = f"{DOMAIN}/gpu-model"  # the model of the node's GPUs (label-safe form)
+LABEL_SIMULATED = f"{DOMAIN}/simulated"  # "true": a node of `gpushare cluster`, no kubelet
+
+# Node annotation: the node's GPUs as a JSON list of GpuInfo.to_json() objects.
+ANNOTATION_GPUS = f"{DOMAIN}/gpus"
+
+# The scheduler extender's HTTP endpoint (deploy/scheduler/kube-scheduler-config.yaml).
+EXTENDER_DEFAULT_PORT = 39999
+EXTENDER_PATH_PREFIX = "/gpushare-scheduler"
+EXTENDER_FILTER_VERB = "filter"
+EXTENDER_PRIORITIZE_VERB = "prioritize"
+EXTENDER_BIND_VERB = "bind"
+
+# Where node heartbeats live, as for a kubelet.
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+NODE_LEASE_DURATION_S = 40
+
+
+class ProtocolError(ValueError):
+    """A gpushare annotation or label that does not follow this contract."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU of a node as the ANNOTATION_GPUS annotation describes it."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    numa: int = 0
+    healthy: bool = True
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "uuid": self.uuid,
+            "index": self.index,
+            "model": self.model,
+            "memoryMiB": self.memory_mib,
+            "numa": self.numa,
+            "healthy": self.healthy,
+        }
+
+    @classmethod
+    def from_json(cls, item: object) -> GpuInfo:
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{ANNOTATION_GPUS}: expected an object per GPU, got {item!r}")
+        fields = {
+            "uuid": str,
+            "index": int,
+            "model": str,
+            "memoryMiB": int,
+            "numa": int,
+            "healthy": bool,
+        }
+        for key, kind in fields.items():
+            value = item.get(key)
+            # bool is an int in Python; a count given as true/false is still wrong.
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ProtocolError(
+                    f"{ANNOTATION_GPUS}: GPU {item.get('index', '?')}: {key} must be "
+                    f"{kind.__name__}, got {value!r}"
+                )
+        return cls(
+            uuid=item["uuid"],
+            index=item["index"],
+            model=item["model"],
+            memory_mib=item["memoryMiB"],
+            numa=item["numa"],
+            healthy=item["healthy"],
+        )
+
+
+def encode_gpus(gpus: list[GpuInfo]) -> str:
+    """The ANNOTATION_GPUS value for these GPUs."""
+    return json.dumps([gpu.to_json() for gpu in gpus], separators=(",", ":"))
+
+
+def decode_gpus(text: str) -> list[GpuInfo]:
+    """The GPUs of an ANNOTATION_GPUS value; ProtocolError (one line) if it is malformed."""
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ProtocolError(f"{ANNOTATION_GPUS}: not JSON: {error}") from None
+    if not isinstance(items, list):
+        raise ProtocolError(f"{ANNOTATION_GPUS}: expected a JSON list")
+    return [GpuInfo.from_json(item) for item in items]
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value: at most 63 of [A-Za-z0-9._-], alphanumeric at the ends."""
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "-" for c in text)
+    return cleaned[:63].strip("._-")
