@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpushare.cli import simulate
+from gpushare.cli import cluster, simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     simulate.add_parser(commands)
+    cluster.add_parser(commands)
     return parser
 
 
