@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 
-.PHONY: setup simulate test lint native bench clean
+.PHONY: setup simulate test lint native k8s bench clean
 
 setup: $(VENV)/.installed
 
@@ -31,7 +31,12 @@ lint: setup
 native:
 	$(MAKE) -C native all testing asan tsan
 
-test: setup lint native
+# etcd, kube-apiserver and kube-scheduler built from their Go modules into a cache outside the
+# tree (a few minutes the first time, instant afterwards); the cluster tests run them.
+k8s:
+	scripts/k8s-binaries >/dev/null
+
+test: setup lint native k8s
 	$(BIN)/pytest
 
 bench: setup
