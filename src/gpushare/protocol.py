@@ -115,3 +115,87 @@ def label_value(text: str) -> str:
     """``text`` as a valid label value: at most 63 of [A-Za-z0-9._-], alphanumeric at the ends."""
     cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "-" for c in text)
     return cleaned[:63].strip("._-")
+
+
+# -- the scheduler extender's side (docs/protocol.md, "Pods") ---------------------------------
+
+# Node label: the node's GPU placement policy (a name of gpushare.placement.policies).
+LABEL_POLICY = f"{DOMAIN}/policy"
+LABEL_ISOLATION = f"{DOMAIN}/isolation"  # memory | memory-core | none
+DEFAULT_NODE_POLICY = "binpack"
+
+# Pod annotations set by users.
+ANNOTATION_GPU_COUNT = f"{DOMAIN}/gpu-count"  # spread each shared container over N GPUs
+ANNOTATION_GPU_MODEL = f"{DOMAIN}/gpu-model"  # allowed models, "|"-separated
+ANNOTATION_POLICY = f"{DOMAIN}/policy"  # overrides the node's LABEL_POLICY for this pod
+
+# Pod annotations written by the extender when it binds a pod.
+ANNOTATION_ALLOCATION = f"{DOMAIN}/allocation"  # {container: [{uuid, index, memoryMiB, core}]}
+ANNOTATION_ASSUME_TIME = f"{DOMAIN}/assume-time"  # nanoseconds since the epoch, as a string
+ANNOTATION_PHASE = f"{DOMAIN}/phase"
+PHASE_ASSUMED = "assumed"  # the extender chose the GPUs; the device plugin has not served it
+PHASE_ALLOCATED = "allocated"  # the device plugin has served it
+
+
+@dataclass(frozen=True, slots=True)
+class ShareInfo:
+    """One GPU's part of a container's allocation, as ANNOTATION_ALLOCATION lists it."""
+
+    uuid: str
+    index: int
+    memory_mib: int
+    core: int
+    exclusive: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        item: dict[str, object] = {
+            "uuid": self.uuid,
+            "index": self.index,
+            "memoryMiB": self.memory_mib,
+            "core": self.core,
+        }
+        if self.exclusive:
+            item["exclusive"] = True
+        return item
+
+
+def encode_allocation(containers: dict[str, list[ShareInfo]]) -> str:
+    """The ANNOTATION_ALLOCATION value: each GPU container's name to its GPU shares."""
+    return json.dumps(
+        {name: [share.to_json() for share in shares] for name, shares in containers.items()},
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+
+
+def decode_allocation(text: str) -> dict[str, list[ShareInfo]]:
+    """The shares of an ANNOTATION_ALLOCATION value; ProtocolError (one line) if malformed."""
+    where = ANNOTATION_ALLOCATION
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ProtocolError(f"{where}: not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{where}: expected a JSON object of container names")
+    result: dict[str, list[ShareInfo]] = {}
+    for name, items in value.items():
+        if not isinstance(items, list):
+            raise ProtocolError(f"{where}: container {name}: expected a list of GPUs")
+        shares = []
+        for item in items:
+            if not isinstance(item, dict):
+                raise ProtocolError(f"{where}: container {name}: expected an object per GPU")
+            for key, kind in (("uuid", str), ("index", int), ("memoryMiB", int), ("core", int)):
+                field = item.get(key)
+                if not isinstance(field, kind) or (kind is int and isinstance(field, bool)):
+                    raise ProtocolError(
+                        f"{where}: container {name}: {key} must be {kind.__name__}, got {field!r}"
+                    )
+            exclusive = item.get("exclusive", False)
+            if not isinstance(exclusive, bool):
+                raise ProtocolError(f"{where}: container {name}: exclusive must be bool")
+            shares.append(
+                ShareInfo(item["uuid"], item["index"], item["memoryMiB"], item["core"], exclusive)
+            )
+        result[name] = shares
+    return result

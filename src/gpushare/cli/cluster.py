@@ -77,7 +77,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         dest="extender",
         action="store_true",
         help="run kube-scheduler with the gpushare extender of "
-        "deploy/scheduler/kube-scheduler-config.yaml (it must be running)",
+        "deploy/scheduler/kube-scheduler-config.yaml, and start that extender "
+        "(unless --extender-url names one that runs elsewhere)",
     )
     up.add_argument(
         "--extender-url",
@@ -184,8 +185,10 @@ def run_status(args: argparse.Namespace) -> int:
         return 1
     headline = "running" if found.running else "NOT running"
     print(f"gpushare cluster: {headline} (state dir {found.state_dir})")
-    for name in control_plane.COMPONENTS:
+    for name in control_plane.ALL_COMPONENTS:
         record = found.state.processes.get(name)
+        if record is None and name not in control_plane.COMPONENTS:
+            continue
         if record is None:
             print(f"  {name:<15} not started")
             continue

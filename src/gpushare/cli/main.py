@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpushare.cli import cluster, simulate
+from gpushare.cli import cluster, extender, simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     simulate.add_parser(commands)
     cluster.add_parser(commands)
+    extender.add_parser(commands)
     return parser
 
 

@@ -45,6 +45,9 @@ STOP_TIMEOUT_S = 10.0
 ALIVE_GRACE_S = 15.0
 # Start order; `down` stops in the reverse order.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "heartbeat")
+# With `up --extender` (and no --extender-url: that names an extender run elsewhere) the
+# gpushare extender runs too, started before kube-scheduler, which calls it.
+ALL_COMPONENTS = ("etcd", "kube-apiserver", "extender", "kube-scheduler", "heartbeat")
 
 Say = Callable[[str], None]
 
@@ -80,7 +83,7 @@ class ClusterStatus:
     def running(self) -> bool:
         return (
             self.state is not None
-            and set(self.alive) == set(COMPONENTS)
+            and set(COMPONENTS) <= set(self.alive)
             and all(self.alive.values())
             and self.ready
         )
@@ -146,7 +149,9 @@ def _pids_in_stop_order(directory: StateDir) -> list[int]:
     pids: list[int] = []
     if state is not None:
         pids = [
-            state.processes[name].pid for name in reversed(COMPONENTS) if name in state.processes
+            state.processes[name].pid
+            for name in reversed(ALL_COMPONENTS)
+            if name in state.processes
         ]
     pids += [pid for pid in processes.processes_with(marker) if pid not in pids]
     return [pid for pid in pids if processes.is_ours(pid, marker)]
@@ -271,6 +276,17 @@ def _scheduler_argv(bin_dir: Path, d: StateDir, paths: pki.Pki, port: int) -> li
     ]
 
 
+def _extender_argv(d: StateDir, url: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "gpushare.cli.main",
+        "extender",
+        f"--kubeconfig={d.kubeconfig}",
+        f"--url={url}",
+    ]
+
+
 def _heartbeat_argv(d: StateDir) -> list[str]:
     return [
         sys.executable,
@@ -313,7 +329,7 @@ def up(
         while (
             found.state is not None
             and not found.running
-            and set(found.alive) == set(COMPONENTS)
+            and set(COMPONENTS) <= set(found.alive)
             and all(found.alive.values())
             and time.monotonic() < deadline
         ):
@@ -412,6 +428,31 @@ def _start(
             "kube-apiserver", f"{api_url}/readyz", admin_tls, process, log, ready_timeout
         )
         timings["kube-apiserver"] = time.monotonic() - mark
+
+        if extender and extender_url is None:
+            # The extender kube-scheduler's configuration names (the project's default URL).
+            mark = time.monotonic()
+            url = (
+                f"http://127.0.0.1:{protocol.EXTENDER_DEFAULT_PORT}{protocol.EXTENDER_PATH_PREFIX}"
+            )
+            # No check_port_free: the extender reuses the address (a port left in TIME_WAIT
+            # by a killed extender is fine) and says so itself if the port is taken.
+            say(f"starting the gpushare extender on {url}")
+            process, log = launcher.start(
+                "extender",
+                _extender_argv(directory, url),
+                protocol.EXTENDER_DEFAULT_PORT,
+                url,
+            )
+            processes.wait_ready(
+                "extender",
+                f"http://127.0.0.1:{protocol.EXTENDER_DEFAULT_PORT}/healthz",
+                admin_tls,
+                process,
+                log,
+                ready_timeout,
+            )
+            timings["extender"] = time.monotonic() - mark
 
         mark = time.monotonic()
         scheduler_url = f"https://127.0.0.1:{scheduler_port}"

@@ -1,0 +1,110 @@
+"""`gpushare extender`: the scheduler extender, as kube-scheduler's configuration calls it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gpushare import protocol
+from gpushare.extender.cache import ClusterCache
+from gpushare.extender.requests import Units
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "extender",
+        help="the scheduler extender kube-scheduler calls to place GPU shares",
+        description="Serve kube-scheduler's filter, prioritize and bind calls for pods that "
+        "ask for gpushare.io/* resources, with a cache fed by watches on nodes and pods.",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="the API server to watch and bind through (default: $KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--url",
+        default=f"http://127.0.0.1:{protocol.EXTENDER_DEFAULT_PORT}{protocol.EXTENDER_PATH_PREFIX}",
+        help="where to serve: the urlPrefix of kube-scheduler's extender entry "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--memory-unit",
+        choices=("GiB", "MiB"),
+        default="GiB",
+        help="the unit of gpushare.io/gpu-mem (default GiB)",
+    )
+    parser.add_argument(
+        "--resync", type=float, default=300.0, help="seconds between full relists (default 300)"
+    )
+    parser.add_argument("--log-level", default="INFO", help="default INFO")
+    parser.set_defaults(run=run)
+
+
+def parse_url(url: str) -> tuple[str, int, str]:
+    """(host, port, path prefix) of an extender URL prefix; ValueError if it is not one."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"--url {url}: expected http://HOST:PORT/PREFIX")
+    port = parts.port or 80
+    return parts.hostname, port, parts.path.rstrip("/")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lightkube import Client, KubeConfig
+
+    from gpushare.extender.server import Extender, make_server
+    from gpushare.extender.watch import KubeBinder, Watcher
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        host, port, prefix = parse_url(args.url)
+    except ValueError as error:
+        print(f"gpushare extender: error: {error}", file=sys.stderr)
+        return 2
+    kubeconfig = args.kubeconfig or (
+        Path(os.environ["KUBECONFIG"]) if "KUBECONFIG" in os.environ else None
+    )
+    try:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+        client = Client(config=config, field_manager="gpushare-extender")
+    except Exception as error:
+        print(f"gpushare extender: error: no usable kubeconfig: {error}", file=sys.stderr)
+        return 2
+    unit = protocol.MIB_PER_GIB if args.memory_unit == "GiB" else 1
+    cache = ClusterCache(Units(memory_mib_per_unit=unit))
+    try:
+        server = make_server(Extender(cache, KubeBinder(client)), host, port, prefix)
+    except OSError as error:
+        print(f"gpushare extender: error: cannot listen on {host}:{port}: {error}", file=sys.stderr)
+        return 1
+    watcher = Watcher(client, cache, resync_s=args.resync)
+    watcher.start()
+    stop = threading.Event()
+
+    def shutdown(*_: object) -> None:
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    logging.getLogger("gpushare.extender").info("serving on http://%s:%d%s", host, port, prefix)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        watcher.stop()
+        server.server_close()
+        client.close()
+    return 0

@@ -1,0 +1,298 @@
+"""The extender's view of the cluster: gpushare nodes, the pods holding GPU shares, a Ledger.
+
+Fed by watches (watch.py) and by the extender's own binds. Nodes come from the
+``gpushare.io/gpus`` annotation of nodes labelled ``gpushare.io/enabled=true``; pods count
+once they are bound with a ``gpushare.io/allocation`` annotation, or from the moment this
+extender assumes them in a bind (so that two binds in flight never get the same capacity)
+until the bind fails. Pods that end (Succeeded/Failed) or are deleted release their shares.
+
+When a node's inventory changes (a GPU added, removed or turned unhealthy) the Ledger is
+rebuilt and every allocation re-entered; an allocation that no longer fits (its GPU is gone)
+is kept aside and tried again at the next rebuild. An unhealthy GPU keeps its shares but
+takes no new ones (the engine's filter skips it).
+
+Every method takes the lock; callers that read the ledger across several calls (the verbs)
+hold ``cache.lock`` themselves. Host CPU and memory are left to kube-scheduler: nodes enter
+the ledger with none, and requests ask for none.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpushare import protocol
+from gpushare.extender.requests import (
+    PodRequest,
+    RequestError,
+    Units,
+    parse_pod,
+    pod_key,
+    request_name,
+)
+from gpushare.model import Allocation, CapacityError, Gpu, GpuShare, Ledger, ModelError, Node
+from gpushare.placement.engine import Placer, resolve_policy
+from gpushare.placement.policies import PolicyError
+
+log = logging.getLogger("gpushare.extender")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    node: Node | None  # None: not a usable gpushare node (see ``problem``)
+    policy: str
+    problem: str | None = None
+
+
+@dataclass(slots=True)
+class PodState:
+    """The shares one pod holds: per container, its allocation on ``node``."""
+
+    key: str
+    uid: str
+    node: str
+    allocations: dict[str, Allocation]
+    assumed: bool  # entered by our bind, not yet seen bound with its annotation
+    in_ledger: bool = field(default=False)
+
+
+def node_info(obj: dict[str, Any]) -> NodeInfo:
+    """A node object as the cache sees it."""
+    metadata = obj.get("metadata") or {}
+    name = str(metadata.get("name") or "")
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    policy = labels.get(protocol.LABEL_POLICY) or protocol.DEFAULT_NODE_POLICY
+    if labels.get(protocol.LABEL_ENABLED) != "true":
+        return NodeInfo(name, None, policy, f"{protocol.LABEL_ENABLED} is not true")
+    text = annotations.get(protocol.ANNOTATION_GPUS)
+    if not text:
+        return NodeInfo(name, None, policy, f"no {protocol.ANNOTATION_GPUS} annotation")
+    try:
+        gpus = protocol.decode_gpus(text)
+        node = Node(
+            name=name,
+            gpus=tuple(
+                Gpu(g.index, g.uuid, g.model, g.memory_mib, g.numa, g.healthy) for g in gpus
+            ),
+            cpu_milli=0,
+            memory_mib=0,
+        )
+    except (protocol.ProtocolError, ModelError) as error:
+        return NodeInfo(name, None, policy, f"bad {protocol.ANNOTATION_GPUS}: {error}")
+    return NodeInfo(name, node, policy)
+
+
+def allocations_from_pod(obj: dict[str, Any]) -> dict[str, Allocation] | None:
+    """The allocations a pod's annotation records, or None if it records none (or is bad)."""
+    metadata = obj.get("metadata") or {}
+    text = (metadata.get("annotations") or {}).get(protocol.ANNOTATION_ALLOCATION)
+    node = (obj.get("spec") or {}).get("nodeName")
+    if not text or not node:
+        return None
+    key = pod_key(obj)
+    try:
+        decoded = protocol.decode_allocation(text)
+    except protocol.ProtocolError as error:
+        log.warning("pod %s: ignoring its allocation: %s", key, error)
+        return None
+    return {
+        container: Allocation(
+            request_name=request_name(key, container),
+            node_name=node,
+            cpu_milli=0,
+            memory_mib=0,
+            gpu_shares=tuple(
+                GpuShare(s.uuid, s.index, s.memory_mib, s.core, s.exclusive) for s in shares
+            ),
+        )
+        for container, shares in decoded.items()
+    }
+
+
+def _ended(obj: dict[str, Any]) -> bool:
+    return (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+class ClusterCache:
+    def __init__(self, units: Units | None = None) -> None:
+        self.units = units or Units()
+        self.lock = threading.RLock()
+        self.nodes: dict[str, NodeInfo] = {}
+        self.pods: dict[str, PodState] = {}
+        self.ledger = Ledger([])
+        self._placers: dict[str, Placer] = {}
+        self._requests: dict[str, PodRequest | RequestError] = {}  # by pod uid
+        self.synced = {"nodes": False, "pods": False}
+
+    # -- nodes -----------------------------------------------------------------------------
+
+    def upsert_node(self, obj: dict[str, Any]) -> None:
+        info = node_info(obj)
+        with self.lock:
+            old = self.nodes.get(info.name)
+            self.nodes[info.name] = info
+            if old is None or old.node != info.node:
+                if info.problem and (old is None or old.problem != info.problem):
+                    log.info("node %s: not used: %s", info.name, info.problem)
+                self._rebuild()
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            if self.nodes.pop(name, None) is not None:
+                self._rebuild()
+
+    def replace_nodes(self, objs: list[dict[str, Any]]) -> None:
+        """A full list of the nodes (a watch's initial list or a resync)."""
+        with self.lock:
+            self.nodes = {info.name: info for info in map(node_info, objs)}
+            self._rebuild()
+            self.synced["nodes"] = True
+
+    def _rebuild(self) -> None:
+        usable = [info.node for _, info in sorted(self.nodes.items()) if info.node is not None]
+        self.ledger = Ledger(usable)
+        self._placers.clear()
+        for state in self.pods.values():
+            state.in_ledger = False
+            self._enter(state)
+
+    def _enter(self, state: PodState) -> None:
+        """Reserve a pod's allocations; on failure, reserve none and keep it aside."""
+        done: list[str] = []
+        try:
+            for allocation in state.allocations.values():
+                self.ledger.reserve(allocation)
+                done.append(allocation.request_name)
+        except (CapacityError, ModelError, KeyError) as error:
+            for name in done:
+                self.ledger.release(name)
+            log.warning(
+                "pod %s: its shares on %s cannot be counted: %s", state.key, state.node, error
+            )
+            return
+        state.in_ledger = True
+
+    def _leave(self, state: PodState) -> None:
+        if state.in_ledger:
+            for allocation in state.allocations.values():
+                self.ledger.release(allocation.request_name)
+            state.in_ledger = False
+
+    # -- pods ------------------------------------------------------------------------------
+
+    def upsert_pod(self, obj: dict[str, Any]) -> None:
+        key = pod_key(obj)
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        with self.lock:
+            current = self.pods.get(key)
+            if _ended(obj):
+                self._requests.pop(uid, None)
+                self._drop(key)
+                return
+            allocations = allocations_from_pod(obj)
+            if allocations is None:
+                # Not bound with an allocation (yet): keep our own assumption if any, but
+                # forget shares recorded for another pod of the same name.
+                if current is not None and (current.uid != uid or not current.assumed):
+                    self._drop(key)
+                return
+            node = obj["spec"]["nodeName"]
+            if (
+                current is not None
+                and current.uid == uid
+                and current.node == node
+                and current.allocations == allocations
+            ):
+                current.assumed = False
+                return
+            self._drop(key)
+            state = PodState(key, uid, node, allocations, assumed=False)
+            self.pods[key] = state
+            self._enter(state)
+            self._requests.pop(uid, None)
+
+    def delete_pod(self, obj: dict[str, Any]) -> None:
+        key = pod_key(obj)
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        with self.lock:
+            self._requests.pop(uid, None)
+            current = self.pods.get(key)
+            if current is not None and (not uid or current.uid == uid):
+                self._drop(key)
+
+    def replace_pods(self, objs: list[dict[str, Any]]) -> None:
+        """A full list of the pods; assumptions in flight are kept unless their pod is gone."""
+        with self.lock:
+            seen = {pod_key(obj) for obj in objs}
+            for key, state in list(self.pods.items()):
+                if not state.assumed or key not in seen:
+                    self._drop(key)
+            for obj in objs:
+                self.upsert_pod(obj)
+            self.synced["pods"] = True
+
+    def _drop(self, key: str) -> None:
+        state = self.pods.pop(key, None)
+        if state is not None:
+            self._leave(state)
+
+    # -- binding ---------------------------------------------------------------------------
+
+    def assume(self, key: str, uid: str, node: str, allocations: dict[str, Allocation]) -> None:
+        """Record allocations already reserved in the ledger by the caller, as assumed."""
+        with self.lock:
+            self.pods[key] = PodState(key, uid, node, allocations, assumed=True, in_ledger=True)
+
+    def forget(self, key: str, uid: str) -> None:
+        """Roll back an assumption (a bind that failed), if it is still ours."""
+        with self.lock:
+            state = self.pods.get(key)
+            if state is not None and state.uid == uid and state.assumed:
+                self._drop(key)
+
+    def release_pod(self, key: str) -> None:
+        with self.lock:
+            self._drop(key)
+
+    # -- helpers for the verbs -------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return all(self.synced.values())
+
+    def placer(self, policy: str) -> Placer:
+        """A placer over the current ledger; PolicyError for a policy the extender cannot run."""
+        with self.lock:
+            placer = self._placers.get(policy)
+            if placer is None:
+                if resolve_policy(policy).needs_workload:
+                    raise PolicyError(
+                        f"policy {policy} needs a target workload, which the extender does not have"
+                    )
+                placer = Placer(self.ledger, policy)
+                self._placers[policy] = placer
+            return placer
+
+    def pod_request(self, pod: dict[str, Any]) -> PodRequest:
+        """The pod's parsed requests, remembered by uid for its bind; RequestError if bad."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        try:
+            parsed: PodRequest | RequestError = parse_pod(pod, self.units)
+        except RequestError as error:
+            parsed = error
+        with self.lock:
+            if uid:
+                if len(self._requests) > 100_000:
+                    self._requests.clear()
+                self._requests[uid] = parsed
+        if isinstance(parsed, RequestError):
+            raise parsed
+        return parsed
+
+    def remembered_request(self, uid: str) -> PodRequest | RequestError | None:
+        with self.lock:
+            return self._requests.get(uid)

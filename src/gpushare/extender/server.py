@@ -1,0 +1,216 @@
+"""The extender's HTTP server: the kube-scheduler verbs, health and Prometheus metrics.
+
+POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind (prefix ``/gpushare-scheduler``);
+GET /healthz (the process answers), /readyz (the cache has listed nodes and pods), /metrics.
+A threaded stdlib server: kube-scheduler binds asynchronously, so calls overlap; the cache's
+lock orders them. A body that is not JSON, not the verb's shape, or larger than
+``MAX_BODY_BYTES`` gets a 4xx and a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+from gpushare import protocol
+from gpushare.extender import verbs
+from gpushare.extender.cache import ClusterCache
+
+log = logging.getLogger("gpushare.extender")
+
+MAX_BODY_BYTES = 16 * 1024 * 1024  # a pod and 5,000 node names fit many times over
+
+
+class Binder(Protocol):
+    """The two API calls of a bind (watch.KubeBinder against a real API server)."""
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None: ...
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "gpushare_extender_request_seconds",
+            "Time to answer a kube-scheduler call, by verb",
+            ["verb"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5, 5),
+        )
+        self.placements = Counter(
+            "gpushare_extender_placements", "Pods bound by the extender", registry=self.registry
+        )
+        self.failures = Counter(
+            "gpushare_extender_failures",
+            "Calls that did not place a pod, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+
+
+class Extender:
+    """The verbs with their side effects: the bind's API calls and the metrics."""
+
+    def __init__(self, cache: ClusterCache, binder: Binder | None = None) -> None:
+        self.cache = cache
+        self.binder = binder
+        self.metrics = Metrics()
+
+    def filter(self, body: Any) -> dict[str, Any]:
+        result = verbs.filter_nodes(self.cache, body)
+        if not result["nodenames"]:
+            unresolvable = bool(result.get("failedAndUnresolvableNodes"))
+            self.metrics.failures.labels("unresolvable" if unresolvable else "no_fit").inc()
+            log.info("filter: %s", verbs.no_fit_message(result))
+        return result
+
+    def prioritize(self, body: Any) -> list[dict[str, Any]]:
+        return verbs.prioritize(self.cache, body)
+
+    def bind(self, body: Any) -> dict[str, Any]:
+        args = verbs.bind_args(body)
+        binder = self.binder
+        fetch = binder.get_pod if binder is not None else None
+        try:
+            _, annotations = verbs.decide_bind(self.cache, args, fetch)
+        except verbs.BindError as error:
+            self.metrics.failures.labels("bind_no_fit").inc()
+            log.warning("bind %s to %s: %s", args.key, args.node, error)
+            return {"error": str(error)}
+        except Exception as error:  # the API server could not give the pod
+            self.metrics.failures.labels("api_error").inc()
+            log.warning("bind %s to %s: %s", args.key, args.node, error)
+            return {"error": f"pod {args.key}: {error}"}
+        if binder is None:
+            self.cache.forget(args.key, args.uid)
+            return {"error": "the extender has no API client; cannot bind"}
+        try:
+            binder.annotate(args.namespace, args.name, dict(annotations))
+            binder.bind(args.namespace, args.name, args.uid, args.node)
+        except Exception as error:
+            self.cache.forget(args.key, args.uid)
+            self.metrics.failures.labels("api_error").inc()
+            log.warning(
+                "bind %s to %s failed, assumption rolled back: %s", args.key, args.node, error
+            )
+            try:
+                binder.annotate(args.namespace, args.name, dict.fromkeys(annotations))
+            except Exception as cleanup:
+                log.info("bind %s: could not clear its annotations: %s", args.key, cleanup)
+            return {"error": f"binding pod {args.key} to {args.node}: {error}"}
+        self.metrics.placements.inc()
+        log.info(
+            "bound %s to %s: %s", args.key, args.node, annotations[protocol.ANNOTATION_ALLOCATION]
+        )
+        return {}
+
+
+def _handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
+    routes: dict[str, Callable[[Any], Any]] = {
+        f"{prefix}/{protocol.EXTENDER_FILTER_VERB}": extender.filter,
+        f"{prefix}/{protocol.EXTENDER_PRIORITIZE_VERB}": extender.prioritize,
+        f"{prefix}/{protocol.EXTENDER_BIND_VERB}": extender.bind,
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "gpushare-extender"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s %s", self.address_string(), format % args)
+
+        def _send(self, status: int, body: bytes, content_type: str = "application/json"):
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _reject(self, status: int, message: str, close: bool = False) -> None:
+            log.warning("%s %s: %d %s", self.command, self.path, status, message)
+            if close:
+                self.close_connection = True
+            self._send(status, json.dumps({"error": message}).encode())
+
+        def do_GET(self) -> None:
+            if self.path == "/healthz":
+                self._send(200, b"ok", "text/plain")
+            elif self.path == "/readyz":
+                ready = extender.cache.ready
+                self._send(200 if ready else 503, b"ok" if ready else b"syncing", "text/plain")
+            elif self.path == "/metrics":
+                self._send(200, generate_latest(extender.metrics.registry), CONTENT_TYPE_LATEST)
+            else:
+                self._reject(404, f"no such path {self.path}")
+
+        def do_POST(self) -> None:
+            route = routes.get(self.path)
+            if route is None:
+                self._reject(404, f"no such verb {self.path}", close=True)
+                return
+            length_text = self.headers.get("Content-Length")
+            if length_text is None or not length_text.isdigit():
+                self._reject(411, "a Content-Length is needed", close=True)
+                return
+            length = int(length_text)
+            if length > MAX_BODY_BYTES:
+                self._reject(413, f"body of {length} bytes over {MAX_BODY_BYTES}", close=True)
+                return
+            raw = self.rfile.read(length)
+            verb = self.path.rsplit("/", 1)[-1]
+            began = time.perf_counter()
+            try:
+                body = json.loads(raw)
+                result = route(body)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                self._reject(400, f"body is not JSON: {error}")
+                return
+            except verbs.VerbError as error:
+                self._reject(400, str(error))
+                return
+            except Exception as error:  # a bug must not take the extender down
+                log.exception("%s failed", verb)
+                self._reject(500, f"{verb}: internal error: {error}")
+                return
+            finally:
+                extender.metrics.latency.labels(verb).observe(time.perf_counter() - began)
+            self._send(200, json.dumps(result).encode())
+
+    return Handler
+
+
+class ExtenderServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def make_server(
+    extender: Extender,
+    host: str = "127.0.0.1",
+    port: int = protocol.EXTENDER_DEFAULT_PORT,
+    prefix: str = protocol.EXTENDER_PATH_PREFIX,
+) -> ExtenderServer:
+    return ExtenderServer((host, port), _handler(extender, prefix.rstrip("/")))
+
+
+def serve_in_thread(server: ExtenderServer) -> threading.Thread:
+    thread = threading.Thread(target=server.serve_forever, name="extender-http", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,299 @@
+"""The extender's verbs as functions of the cache: filter, prioritize and the bind decision.
+
+JSON shapes are those of k8s.io/kube-scheduler/extender/v1 in node-cache-capable mode:
+ExtenderArgs ``{"pod": {...}, "nodenames": [...]}`` (a full ``"nodes"`` list is accepted
+too), ExtenderFilterResult ``{"nodenames", "failedNodes", "failedAndUnresolvableNodes",
+"error"}``, HostPriorityList ``[{"host", "score"}]`` with scores 0..10 (MaxExtenderPriority),
+ExtenderBindingArgs ``{"podName", "podNamespace", "podUID", "node"}`` and
+ExtenderBindingResult ``{"error"}``.
+
+kube-scheduler groups the per-node reasons of failedNodes into its FailedScheduling event
+("0/4 nodes are available: 4 no GPU with 200 GiB free (largest free: 141 GiB on GPU 0)."),
+so each reason is one of the engine's short phrases. Nodes that could never take the pod,
+even empty, go to failedAndUnresolvableNodes so that preemption is not tried for them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpushare import protocol
+from gpushare.extender.cache import ClusterCache
+from gpushare.extender.requests import PodRequest, RequestError
+from gpushare.model import Allocation, CapacityError, Request
+from gpushare.placement.engine import NoFit, Placer
+from gpushare.placement.policies import PolicyError
+
+MAX_EXTENDER_PRIORITY = 10
+
+
+class VerbError(ValueError):
+    """A request body that is not what the verb takes (the server answers 400)."""
+
+
+def _field(body: Any, *names: str) -> Any:
+    if not isinstance(body, dict):
+        raise VerbError("expected a JSON object")
+    for name in names:
+        if name in body:
+            return body[name]
+    return None
+
+
+def _args(body: Any) -> tuple[dict[str, Any], list[str]]:
+    pod = _field(body, "pod", "Pod")
+    if not isinstance(pod, dict):
+        raise VerbError("ExtenderArgs: pod must be an object")
+    names = _field(body, "nodenames", "NodeNames")
+    if names is None:
+        nodes = _field(body, "nodes", "Nodes") or {}
+        items = nodes.get("items") if isinstance(nodes, dict) else None
+        names = [((n or {}).get("metadata") or {}).get("name") for n in items or []]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise VerbError("ExtenderArgs: nodenames must be a list of strings")
+    return pod, names
+
+
+def _policy(cache: ClusterCache, pod: PodRequest, node: str) -> str:
+    if pod.policy:
+        return pod.policy
+    info = cache.nodes.get(node)
+    return info.policy if info is not None else protocol.DEFAULT_NODE_POLICY
+
+
+def _never_fits(placer: Placer, request: Request, index: int) -> bool:
+    """True if the node could not take the request even with nothing on it."""
+    ledger = placer.ledger
+    present = ledger.gpu_present[index]
+    if request.allowed_models:
+        allowed = np.array([m in request.allowed_models for m in ledger.models] + [False])
+        present = present & allowed[ledger.gpu_model_id[index]]
+    if not request.exclusive:
+        present = present & (ledger.gpu_memory_mib[index] >= request.memory_mib_per_gpu)
+    return int(present.sum()) < request.gpu_count
+
+
+def _unusable_reason(cache: ClusterCache, name: str) -> str:
+    info = cache.nodes.get(name)
+    if info is None:
+        return "node not known to gpushare"
+    return f"gpushare not usable: {info.problem}"
+
+
+def _try_on_node(
+    placer: Placer, pod: PodRequest, index: int, keep: bool
+) -> tuple[dict[str, Allocation], str | None, bool]:
+    """Place every GPU container of the pod on one node, in order.
+
+    Returns the allocations (reserved in the ledger when ``keep``), or the first failing
+    container's reason and whether it can never fit there. Without ``keep`` nothing stays
+    reserved; with it, nothing stays reserved on failure.
+    """
+    candidates = np.array([index])
+    made: dict[str, Allocation] = {}
+    try:
+        for item in pod.containers:
+            decision = placer.decide(item.request, candidates)
+            if isinstance(decision, NoFit):
+                reason = placer.reason(item.request, index) or "does not fit"
+                if len(pod.containers) > 1:
+                    reason = f"container {item.container}: {reason}"
+                return {}, reason, _never_fits(placer, item.request, index)
+            placer.ledger.reserve(decision.allocation)
+            made[item.container] = decision.allocation
+        result = dict(made)
+        if keep:
+            made.clear()
+        return result, None, False
+    finally:
+        for allocation in made.values():
+            placer.ledger.release(allocation.request_name)
+
+
+def filter_nodes(cache: ClusterCache, body: Any) -> dict[str, Any]:
+    pod, names = _args(body)
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    try:
+        request = cache.pod_request(pod)
+    except RequestError as error:
+        return {
+            "nodenames": [],
+            "failedNodes": {},
+            "failedAndUnresolvableNodes": dict.fromkeys(names, str(error)),
+        }
+    if not request.uses_gpu:
+        return {"nodenames": names, "failedNodes": {}}
+    with cache.lock:
+        ledger = cache.ledger
+        try:
+            placer = cache.placer(request.policy or protocol.DEFAULT_NODE_POLICY)
+        except PolicyError as error:
+            return {
+                "nodenames": [],
+                "failedNodes": {},
+                "failedAndUnresolvableNodes": dict.fromkeys(names, str(error)),
+            }
+        single = len(request.containers) == 1
+        if single:
+            only = request.containers[0].request
+            fits, eligible = placer.feasible(only)
+        for name in names:
+            index = ledger.node_index.get(name)
+            if index is None:
+                unresolvable[name] = _unusable_reason(cache, name)
+                continue
+            if single:
+                if fits[index]:
+                    passed.append(name)
+                    continue
+                reason = placer.reason(only, index, eligible) or "does not fit"
+                never = _never_fits(placer, only, index)
+            else:
+                _, reason, never = _try_on_node(placer, request, index, keep=False)
+                if reason is None:
+                    passed.append(name)
+                    continue
+            (unresolvable if never else failed)[name] = reason
+    result: dict[str, Any] = {"nodenames": passed, "failedNodes": failed}
+    if unresolvable:
+        result["failedAndUnresolvableNodes"] = unresolvable
+    return result
+
+
+def no_fit_message(result: dict[str, Any]) -> str:
+    """kube-scheduler's grouping of a filter result's reasons, for logs and tests."""
+    reasons = {**result.get("failedNodes", {}), **result.get("failedAndUnresolvableNodes", {})}
+    counts: dict[str, int] = {}
+    for reason in reasons.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    total = len(reasons) + len(result.get("nodenames", []))
+    return NoFit(counts, total).message()
+
+
+def prioritize(cache: ClusterCache, body: Any) -> list[dict[str, Any]]:
+    pod, names = _args(body)
+    scores = dict.fromkeys(names, 0)
+    try:
+        request = cache.pod_request(pod)
+    except RequestError:
+        return [{"host": name, "score": 0} for name in names]
+    if not request.uses_gpu:
+        return [{"host": name, "score": 0} for name in names]
+    with cache.lock:
+        ledger = cache.ledger
+        groups: dict[str, list[int]] = {}
+        for name in names:
+            index = ledger.node_index.get(name)
+            if index is not None:
+                groups.setdefault(_policy(cache, request, name), []).append(index)
+        for policy, indices in groups.items():
+            try:
+                placer = cache.placer(policy)
+            except PolicyError:
+                continue
+            nodes = np.array(indices)
+            total = np.zeros(len(nodes))
+            feasible = np.ones(len(nodes), dtype=bool)
+            for item in request.containers:
+                fits, _ = placer.feasible(item.request)
+                feasible &= fits[nodes]
+            if not feasible.any():
+                continue
+            nodes = nodes[feasible]
+            for item in request.containers:
+                total += placer.scores(item.request, nodes)
+            low, high = float(total.min()), float(total.max())
+            if high - low < 1e-12:
+                scaled = np.full(len(nodes), MAX_EXTENDER_PRIORITY)
+            else:
+                scaled = np.rint((total - low) * MAX_EXTENDER_PRIORITY / (high - low))
+            for index, score in zip(nodes.tolist(), scaled.tolist(), strict=True):
+                scores[ledger.nodes[index].name] = int(score)
+    return [{"host": name, "score": score} for name, score in scores.items()]
+
+
+@dataclass(frozen=True, slots=True)
+class BindArgs:
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def bind_args(body: Any) -> BindArgs:
+    values = [
+        _field(body, "podName", "PodName"),
+        _field(body, "podNamespace", "PodNamespace"),
+        _field(body, "podUID", "PodUID"),
+        _field(body, "node", "Node"),
+    ]
+    if not all(isinstance(v, str) for v in values) or not values[0] or not values[3]:
+        raise VerbError("ExtenderBindingArgs: podName, podNamespace, podUID and node are needed")
+    return BindArgs(*values)
+
+
+class BindError(RuntimeError):
+    """A bind that cannot go ahead; the message goes to kube-scheduler as the result's error."""
+
+
+def decide_bind(
+    cache: ClusterCache,
+    args: BindArgs,
+    fetch_pod: Callable[[str, str], dict[str, Any]] | None = None,
+) -> tuple[dict[str, Allocation], dict[str, str]]:
+    """Choose the GPUs for the pod on ``args.node`` and assume them in the cache.
+
+    Returns the allocations and the annotations to write. The caller writes them, creates
+    the Binding, and on any failure calls ``cache.forget(args.key, args.uid)``.
+    """
+    remembered = cache.remembered_request(args.uid)
+    if remembered is None:
+        if fetch_pod is None:
+            raise BindError(f"pod {args.key}: not seen by filter; cannot bind it")
+        try:
+            remembered = cache.pod_request(fetch_pod(args.namespace, args.name))
+        except RequestError as error:
+            remembered = error
+    if isinstance(remembered, RequestError):
+        raise BindError(f"pod {args.key}: {remembered}")
+    request = remembered
+    with cache.lock:
+        cache.release_pod(args.key)  # a retried bind: what an earlier try assumed goes back
+        index = cache.ledger.node_index.get(args.node)
+        if index is None:
+            raise BindError(f"node {args.node}: {_unusable_reason(cache, args.node)}")
+        try:
+            placer = cache.placer(_policy(cache, request, args.node))
+        except PolicyError as error:
+            raise BindError(str(error)) from None
+        try:
+            allocations, reason, _ = _try_on_node(placer, request, index, keep=True)
+        except CapacityError as error:
+            raise BindError(f"node {args.node}: {error}") from None
+        if reason is not None:
+            raise BindError(f"node {args.node}: {reason}")
+        cache.assume(args.key, args.uid, args.node, allocations)
+    shares = {
+        container: [
+            protocol.ShareInfo(s.uuid, s.index, s.memory_mib, s.core_percent, s.exclusive)
+            for s in allocation.gpu_shares
+        ]
+        for container, allocation in allocations.items()
+    }
+    annotations = {
+        protocol.ANNOTATION_ALLOCATION: protocol.encode_allocation(shares),
+        protocol.ANNOTATION_ASSUME_TIME: str(time.time_ns()),
+        protocol.ANNOTATION_PHASE: protocol.PHASE_ASSUMED,
+    }
+    return allocations, annotations

@@ -1,0 +1,115 @@
+"""The extender's link to the API server: watches that feed the cache, and the bind's calls.
+
+Each of nodes and pods has a thread that lists once (a full replace of the cache's view),
+then watches from the list's resourceVersion; a watch error (the version expired, the
+connection dropped) or the resync interval leads to a fresh list. No verb ever lists.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from lightkube import Client
+from lightkube.models.core_v1 import ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod, PodBinding
+
+from gpushare.extender.cache import ClusterCache
+
+log = logging.getLogger("gpushare.extender")
+
+RESYNC_S = 300.0
+RETRY_S = 1.0
+
+
+class KubeBinder:
+    """The bind's API calls with a lightkube client."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        self.client.patch(
+            Pod, name, {"metadata": {"annotations": annotations}}, namespace=namespace
+        )
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        binding = PodBinding(
+            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
+            target=ObjectReference(kind="Node", name=node, apiVersion="v1"),
+        )
+        # The API server answers a Binding with a Status, which lightkube's create() would
+        # try to read as a Binding; send it through the generic client, not reading the body
+        # as a Binding (an error status still raises ApiError).
+        generic = self.client._client
+        request = generic.prepare_request(
+            "post", res=PodBinding, obj=binding, name=name, namespace=namespace
+        )
+        request.response_type = None
+        generic.handle_response(
+            "post", generic.send(generic.build_adapter_request(request)), request
+        )
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.client.get(Pod, name, namespace=namespace).to_dict()
+
+
+class Watcher:
+    """Two threads keeping ``cache`` in step with the cluster's nodes and pods."""
+
+    def __init__(self, client: Client, cache: ClusterCache, resync_s: float = RESYNC_S) -> None:
+        self.client = client
+        self.cache = cache
+        self.resync_s = resync_s
+        self.stopping = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._run, args=(Node,), name="watch-nodes", daemon=True),
+            threading.Thread(target=self._run, args=(Pod,), name="watch-pods", daemon=True),
+        ]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _run(self, resource: Any) -> None:
+        while not self.stopping.is_set():
+            try:
+                self._list_and_watch(resource)
+            except Exception as error:
+                log.warning("watch %s: %s; listing again", resource.__name__, error)
+                self.stopping.wait(RETRY_S)
+
+    def _list_and_watch(self, resource: Any) -> None:
+        kwargs = {"namespace": "*"} if resource is Pod else {}
+        listing = self.client.list(resource, **kwargs)
+        objects = [obj.to_dict() for obj in listing]
+        version = listing.resourceVersion
+        if resource is Node:
+            self.cache.replace_nodes(objects)
+        else:
+            self.cache.replace_pods(objects)
+        log.info("listed %d %s(s) at version %s", len(objects), resource.__name__, version)
+        resync_at = time.monotonic() + self.resync_s
+        for kind, obj in self.client.watch(
+            resource, resource_version=version, server_timeout=60, **kwargs
+        ):
+            if self.stopping.is_set():
+                return
+            data = obj.to_dict()
+            if resource is Node:
+                if kind == "DELETED":
+                    self.cache.delete_node(data["metadata"]["name"])
+                else:
+                    self.cache.upsert_node(data)
+            elif kind == "DELETED":
+                self.cache.delete_pod(data)
+            else:
+                self.cache.upsert_pod(data)
+            if time.monotonic() > resync_at:
+                return

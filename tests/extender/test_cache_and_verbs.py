@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from extender_helpers import FakeBinder, args, container, node, pod
+
+from gpushare import protocol
+from gpushare.extender import verbs
+from gpushare.extender.cache import ClusterCache
+from gpushare.extender.server import Extender
+
+GIB = 1024
+
+
+def make_cache(*nodes) -> ClusterCache:
+    cache = ClusterCache()
+    cache.replace_nodes(list(nodes) or [node("n1"), node("n2")])
+    cache.replace_pods([])
+    return cache
+
+
+def bound(cache: ClusterCache, binder: FakeBinder, the_pod: dict, node_name: str) -> dict:
+    """Filter and bind ``the_pod`` to ``node_name`` as kube-scheduler would; the bound pod."""
+    extender = Extender(cache, binder)
+    result = extender.filter(args(the_pod, node_name))
+    assert result["nodenames"] == [node_name], result
+    meta = the_pod["metadata"]
+    answer = extender.bind(
+        {
+            "podName": meta["name"],
+            "podNamespace": meta["namespace"],
+            "podUID": meta["uid"],
+            "node": node_name,
+        }
+    )
+    assert answer == {}, answer
+    key = f"{meta['namespace']}/{meta['name']}"
+    the_pod["metadata"]["annotations"].update(binder.annotations[key])
+    the_pod["spec"]["nodeName"] = node_name
+    return the_pod
+
+
+def shares(the_pod: dict) -> dict:
+    return json.loads(the_pod["metadata"]["annotations"][protocol.ANNOTATION_ALLOCATION])
+
+
+def test_filter_passes_fitting_nodes_and_says_why_for_others() -> None:
+    cache = make_cache(node("small", memory_gib=16), node("big", memory_gib=80))
+    result = verbs.filter_nodes(cache, args(pod("p", container(mem=40)), "small", "big", "ghost"))
+    assert result["nodenames"] == ["big"]
+    assert result["failedNodes"] == {}
+    assert result["failedAndUnresolvableNodes"] == {
+        "small": "no GPU with 40 GiB free (largest free: 16 GiB on GPU 0)",
+        "ghost": "node not known to gpushare",
+    }
+
+
+def test_full_node_is_resolvable_failure_and_message_is_grouped() -> None:
+    cache = make_cache(node("n1", gpus=1), node("n2", gpus=1))
+    binder = FakeBinder()
+    bound(cache, binder, pod("a", container(mem=10)), "n1")
+    bound(cache, binder, pod("b", container(mem=10)), "n2")
+    result = verbs.filter_nodes(cache, args(pod("c", container(mem=10)), "n1", "n2"))
+    assert result["nodenames"] == []
+    assert set(result["failedNodes"]) == {"n1", "n2"}
+    assert verbs.no_fit_message(result) == (
+        "0/2 nodes are available: 2 no GPU with 10 GiB free (largest free: 6 GiB on GPU 0)."
+    )
+
+
+def test_malformed_pod_fails_every_node_with_its_reason() -> None:
+    cache = make_cache()
+    result = verbs.filter_nodes(cache, args(pod("p", container(mem=4, core=0)), "n1", "n2"))
+    assert result["nodenames"] == []
+    assert set(result["failedAndUnresolvableNodes"].values()) == {
+        "container main: gpushare.io/gpu-core must be 1..100, got 0"
+    }
+
+
+def test_model_not_allowed_and_disabled_node() -> None:
+    cache = make_cache(node("t4"), node("off", enabled=False))
+    the_pod = pod("p", container(mem=1), annotations={protocol.ANNOTATION_GPU_MODEL: "A100"})
+    result = verbs.filter_nodes(cache, args(the_pod, "t4", "off"))
+    assert result["failedAndUnresolvableNodes"] == {
+        "t4": "GPU model T4 not allowed",
+        "off": "gpushare not usable: gpushare.io/enabled is not true",
+    }
+
+
+def test_binpack_fills_a_gpu_before_the_next() -> None:
+    cache = make_cache(node("n1", gpus=2, memory_gib=16))
+    binder = FakeBinder()
+    indices = []
+    for i in range(4):
+        placed = bound(cache, binder, pod(f"p{i}", container(mem=8)), "n1")
+        indices.append(shares(placed)["main"][0]["index"])
+    assert indices == [0, 0, 1, 1]
+
+
+def test_spread_policy_from_node_label() -> None:
+    cache = make_cache(node("n1", gpus=2, memory_gib=16, policy="spread"))
+    binder = FakeBinder()
+    indices = [
+        shares(bound(cache, binder, pod(f"p{i}", container(mem=4)), "n1"))["main"][0]["index"]
+        for i in range(2)
+    ]
+    assert indices == [0, 1]
+
+
+def test_multi_gpu_share_lands_on_distinct_gpus() -> None:
+    cache = make_cache(node("n1", gpus=4))
+    the_pod = pod("p", container(mem=8), annotations={protocol.ANNOTATION_GPU_COUNT: "4"})
+    placed = shares(bound(cache, FakeBinder(), the_pod, "n1"))["main"]
+    assert sorted(s["index"] for s in placed) == [0, 1, 2, 3]
+    assert {s["memoryMiB"] for s in placed} == {2 * GIB}
+
+
+def test_exclusive_gets_whole_gpus_that_no_share_then_uses() -> None:
+    cache = make_cache(node("n1", gpus=2))
+    binder = FakeBinder()
+    whole = shares(bound(cache, binder, pod("x", container(gpu=1)), "n1"))["main"]
+    assert whole == [
+        {"uuid": "GPU-n1-0", "index": 0, "memoryMiB": 16 * GIB, "core": 100, "exclusive": True}
+    ]
+    share = shares(bound(cache, binder, pod("s", container(mem=1)), "n1"))["main"]
+    assert share[0]["index"] == 1
+    result = verbs.filter_nodes(cache, args(pod("y", container(gpu=1)), "n1"))
+    assert result["failedNodes"] == {"n1": "0 whole free GPU(s), need 1"}
+
+
+def test_two_containers_and_init_container_on_one_node() -> None:
+    cache = make_cache(node("n1", gpus=2, memory_gib=16))
+    the_pod = pod(
+        "p",
+        container("a", mem=10),
+        container("b", mem=10),
+        init=(container("setup", mem=2),),
+    )
+    placed = shares(bound(cache, FakeBinder(), the_pod, "n1"))
+    assert set(placed) == {"a", "b", "setup"}
+    assert placed["a"][0]["index"] != placed["b"][0]["index"]
+    too_big = pod("q", container("a", mem=10), container("b", mem=10))
+    result = verbs.filter_nodes(cache, args(too_big, "n1"))
+    assert result["failedNodes"]["n1"].startswith("container a: no GPU with 10 GiB free")
+
+
+def test_assumed_pod_holds_capacity_until_bind_fails() -> None:
+    cache = make_cache(node("n1", gpus=1))
+    binder = FakeBinder()
+    binder.fail_bind = RuntimeError("409 Conflict")
+    extender = Extender(cache, binder)
+    the_pod = pod("p", container(mem=16))
+    assert extender.filter(args(the_pod, "n1"))["nodenames"] == ["n1"]
+    answer = extender.bind(
+        {"podName": "p", "podNamespace": "default", "podUID": "uid-default-p", "node": "n1"}
+    )
+    assert "409 Conflict" in answer["error"]
+    assert cache.pods == {}
+    assert binder.annotations["default/p"][protocol.ANNOTATION_ALLOCATION] is None
+    assert extender.filter(args(the_pod, "n1"))["nodenames"] == ["n1"]
+
+
+def test_two_binds_in_flight_do_not_share_capacity() -> None:
+    cache = make_cache(node("n1", gpus=1))
+    first, second = pod("a", container(mem=10)), pod("b", container(mem=10))
+    for the_pod in (first, second):
+        assert verbs.filter_nodes(cache, args(the_pod, "n1"))["nodenames"] == ["n1"]
+    verbs.decide_bind(cache, verbs.BindArgs("a", "default", "uid-default-a", "n1"))
+    with pytest.raises(verbs.BindError, match="no GPU with 10 GiB free"):
+        verbs.decide_bind(cache, verbs.BindArgs("b", "default", "uid-default-b", "n1"))
+
+
+def test_rebuilt_from_annotations_and_released_when_pods_end() -> None:
+    cache = make_cache(node("n1", gpus=1))
+    placed = bound(cache, FakeBinder(), pod("p", container(mem=12)), "n1")
+    fresh = make_cache(node("n1", gpus=1))
+    fresh.replace_pods([placed])
+    assert int(fresh.ledger.gpu_free_memory_mib[0, 0]) == 4 * GIB
+    placed["status"]["phase"] = "Succeeded"
+    fresh.upsert_pod(placed)
+    assert int(fresh.ledger.gpu_free_memory_mib[0, 0]) == 16 * GIB
+    fresh.replace_pods([placed | {"status": {"phase": "Running"}}])
+    assert int(fresh.ledger.gpu_free_memory_mib[0, 0]) == 4 * GIB
+    fresh.delete_pod(placed)
+    assert int(fresh.ledger.gpu_free_memory_mib[0, 0]) == 16 * GIB
+
+
+def test_watch_confirmation_of_our_bind_does_not_double_count() -> None:
+    cache = make_cache(node("n1", gpus=1))
+    placed = bound(cache, FakeBinder(), pod("p", container(mem=12)), "n1")
+    cache.upsert_pod(placed)
+    assert int(cache.ledger.gpu_free_memory_mib[0, 0]) == 4 * GIB
+    assert not cache.pods["default/p"].assumed
+
+
+def test_unhealthy_gpu_takes_no_new_shares_but_keeps_old_ones() -> None:
+    cache = make_cache(node("n1", gpus=2))
+    binder = FakeBinder()
+    first = shares(bound(cache, binder, pod("a", container(mem=4)), "n1"))["main"][0]
+    assert first["index"] == 0
+    cache.upsert_node(node("n1", gpus=2, unhealthy=(0,)))
+    assert int(cache.ledger.gpu_free_memory_mib[0, 0]) == 12 * GIB  # still counted
+    second = shares(bound(cache, binder, pod("b", container(mem=4)), "n1"))["main"][0]
+    assert second["index"] == 1
+
+
+def test_prioritize_prefers_the_fuller_node_under_binpack() -> None:
+    cache = make_cache(node("n1"), node("n2"))
+    bound(cache, FakeBinder(), pod("a", container(mem=8)), "n2")
+    scores = verbs.prioritize(cache, args(pod("b", container(mem=4)), "n1", "n2"))
+    assert scores == [{"host": "n1", "score": 0}, {"host": "n2", "score": 10}]
+
+
+def test_bind_of_unknown_pod_is_an_error() -> None:
+    extender = Extender(make_cache(), FakeBinder())
+    answer = extender.bind({"podName": "p", "podNamespace": "d", "podUID": "u", "node": "n1"})
+    assert answer["error"].startswith("pod d/p: ")  # the API server does not know it either
+
+
+def test_policy_needing_a_workload_is_refused() -> None:
+    cache = make_cache()
+    the_pod = pod("p", container(mem=1), annotations={protocol.ANNOTATION_POLICY: "fgd"})
+    result = verbs.filter_nodes(cache, args(the_pod, "n1"))
+    assert "needs a target workload" in result["failedAndUnresolvableNodes"]["n1"]
