@@ -8,6 +8,7 @@ from extender_helpers import FakeBinder, args, container, node, pod
 from gpushare import protocol
 from gpushare.extender import verbs
 from gpushare.extender.cache import ClusterCache
+from gpushare.extender.requests import Units
 from gpushare.extender.server import Extender
 
 GIB = 1024
@@ -223,3 +224,38 @@ def test_policy_needing_a_workload_is_refused() -> None:
     the_pod = pod("p", container(mem=1), annotations={protocol.ANNOTATION_POLICY: "fgd"})
     result = verbs.filter_nodes(cache, args(the_pod, "n1"))
     assert "needs a target workload" in result["failedAndUnresolvableNodes"]["n1"]
+
+
+def test_compat_aliyun_bind_writes_both_sets_of_annotations() -> None:
+    cache = ClusterCache(Units(compat_aliyun=True))
+    cache.replace_nodes([node("n1", gpus=2, memory_gib=16)])
+    cache.replace_pods([])
+    binder = FakeBinder()
+    limits = {protocol.ALIYUN_RESOURCE_GPU_MEMORY: "5"}
+    old_style = pod("old", {"name": "main", "resources": {"limits": limits}})
+    written = bound(cache, binder, old_style, "n1")["metadata"]["annotations"]
+    (share,) = shares(old_style)["main"]
+    assert share["memoryMiB"] == 5 * GIB
+    assert written[protocol.ALIYUN_ANNOTATION_GPU_INDEX] == str(share["index"])
+    assert written[protocol.ALIYUN_ANNOTATION_POD_MEMORY] == "5"
+    assert written[protocol.ALIYUN_ANNOTATION_DEV_MEMORY] == "16"
+    assert written[protocol.ALIYUN_ANNOTATION_ASSIGNED] == "false"
+    assert (
+        written[protocol.ALIYUN_ANNOTATION_ASSUME_TIME] == written[protocol.ANNOTATION_ASSUME_TIME]
+    )
+    # Without the setting the same pod is refused on every node, with the reason.
+    plain = make_cache(node("n1"))
+    result = verbs.filter_nodes(plain, args(pod("old2", old_style["spec"]["containers"][0]), "n1"))
+    assert "--compat-aliyun" in result["failedAndUnresolvableNodes"]["n1"]
+    # Our own pods get no Alibaba annotations without the setting.
+    ours = bound(plain, FakeBinder(), pod("new", container(mem=2)), "n1")
+    assert protocol.ALIYUN_ANNOTATION_GPU_INDEX not in ours["metadata"]["annotations"]
+
+
+def test_prioritize_scores_only_the_nodes_that_fit_and_zero_for_the_rest() -> None:
+    cache = make_cache(
+        node("small", memory_gib=16), node("big", memory_gib=80), node("big2", memory_gib=80)
+    )
+    ranked = verbs.prioritize(cache, args(pod("p", container(mem=40)), "small", "big", "big2"))
+    scores = {item["host"]: item["score"] for item in ranked}
+    assert scores["small"] == 0 and scores["big"] == scores["big2"] == verbs.MAX_EXTENDER_PRIORITY

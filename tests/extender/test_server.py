@@ -94,7 +94,16 @@ def test_not_ready_until_synced() -> None:
     httpd = make_server(Extender(ClusterCache()), "127.0.0.1", 0)
     serve_in_thread(httpd)
     try:
-        assert call(httpd.server_address[:2], "GET", "/readyz") == (503, b"syncing")
+        address = httpd.server_address[:2]
+        assert call(address, "GET", "/readyz") == (503, b"syncing")
+        # Before the first list the verbs answer with an error (kube-scheduler retries the
+        # pod), not with every node failed (kube-scheduler would park it as unschedulable).
+        body = json.dumps(args(pod("p", container(mem=4)), "n1")).encode()
+        status, answer = call(address, "POST", f"{PREFIX}/filter", body)
+        assert status == 200 and "not yet listed" in json.loads(answer)["error"]
+        bind = {"podName": "p", "podNamespace": "default", "podUID": "u", "node": "n1"}
+        status, answer = call(address, "POST", f"{PREFIX}/bind", json.dumps(bind).encode())
+        assert status == 200 and "not yet listed" in json.loads(answer)["error"]
     finally:
         httpd.shutdown()
         httpd.server_close()

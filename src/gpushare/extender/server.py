@@ -32,6 +32,7 @@ from gpushare.extender.cache import ClusterCache
 log = logging.getLogger("gpushare.extender")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a pod and 5,000 node names fit many times over
+NOT_SYNCED = "the gpushare extender has not yet listed nodes and pods; try again"
 
 
 class Binder(Protocol):
@@ -74,6 +75,12 @@ class Extender:
         self.metrics = Metrics()
 
     def filter(self, body: Any) -> dict[str, Any]:
+        if not self.cache.ready:
+            # Before the first list an empty cache would call every node unusable and
+            # kube-scheduler would park the pod as unschedulable; an error makes it retry.
+            verbs.filter_args(body)
+            self.metrics.failures.labels("not_synced").inc()
+            return {"nodenames": [], "failedNodes": {}, "error": NOT_SYNCED}
         result = verbs.filter_nodes(self.cache, body)
         if not result["nodenames"]:
             unresolvable = bool(result.get("failedAndUnresolvableNodes"))
@@ -86,6 +93,9 @@ class Extender:
 
     def bind(self, body: Any) -> dict[str, Any]:
         args = verbs.bind_args(body)
+        if not self.cache.ready:
+            self.metrics.failures.labels("not_synced").inc()
+            return {"error": NOT_SYNCED}
         binder = self.binder
         fetch = binder.get_pod if binder is not None else None
         try:
@@ -132,6 +142,9 @@ def _handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "gpushare-extender"
+        # Headers and body go out in separate writes: with Nagle's algorithm on, the body
+        # waits for the client's delayed ACK (40 ms) on a kept-alive connection.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s %s", self.address_string(), format % args)

@@ -59,6 +59,11 @@ def _args(body: Any) -> tuple[dict[str, Any], list[str]]:
     return pod, names
 
 
+def filter_args(body: Any) -> tuple[dict[str, Any], list[str]]:
+    """The pod and node names of an ExtenderArgs body; VerbError if it is not one."""
+    return _args(body)
+
+
 def _policy(cache: ClusterCache, pod: PodRequest, node: str) -> str:
     if pod.policy:
         return pod.policy
@@ -199,7 +204,6 @@ def prioritize(cache: ClusterCache, body: Any) -> list[dict[str, Any]]:
             except PolicyError:
                 continue
             nodes = np.array(indices)
-            total = np.zeros(len(nodes))
             feasible = np.ones(len(nodes), dtype=bool)
             for item in request.containers:
                 fits, _ = placer.feasible(item.request)
@@ -207,6 +211,7 @@ def prioritize(cache: ClusterCache, body: Any) -> list[dict[str, Any]]:
             if not feasible.any():
                 continue
             nodes = nodes[feasible]
+            total = np.zeros(len(nodes))
             for item in request.containers:
                 total += placer.scores(item.request, nodes)
             low, high = float(total.min()), float(total.max())
@@ -284,6 +289,9 @@ def decide_bind(
         if reason is not None:
             raise BindError(f"node {args.node}: {reason}")
         cache.assume(args.key, args.uid, args.node, allocations)
+        node_info = cache.nodes.get(args.node)
+        gpus = node_info.node.gpus if node_info is not None and node_info.node else ()
+    assume_time = str(time.time_ns())
     shares = {
         container: [
             protocol.ShareInfo(s.uuid, s.index, s.memory_mib, s.core_percent, s.exclusive)
@@ -293,7 +301,32 @@ def decide_bind(
     }
     annotations = {
         protocol.ANNOTATION_ALLOCATION: protocol.encode_allocation(shares),
-        protocol.ANNOTATION_ASSUME_TIME: str(time.time_ns()),
+        protocol.ANNOTATION_ASSUME_TIME: assume_time,
         protocol.ANNOTATION_PHASE: protocol.PHASE_ASSUMED,
     }
+    if cache.units.compat_aliyun:
+        annotations.update(aliyun_annotations(allocations, gpus, assume_time))
     return allocations, annotations
+
+
+def aliyun_annotations(
+    allocations: dict[str, Allocation], gpus: Any, assume_time: str
+) -> dict[str, str]:
+    """The annotations Alibaba gpushare's device plugin reads, for the same decision."""
+    indices: list[int] = []
+    total_mib = 0
+    for allocation in allocations.values():
+        for share in allocation.gpu_shares:
+            if share.index not in indices:
+                indices.append(share.index)
+            total_mib += share.memory_mib
+    memory = {gpu.index: gpu.memory_mib for gpu in gpus}
+    return {
+        protocol.ALIYUN_ANNOTATION_GPU_INDEX: ",".join(map(str, indices)),
+        protocol.ALIYUN_ANNOTATION_POD_MEMORY: str(total_mib // protocol.MIB_PER_GIB),
+        protocol.ALIYUN_ANNOTATION_DEV_MEMORY: str(
+            memory.get(indices[0], 0) // protocol.MIB_PER_GIB if indices else 0
+        ),
+        protocol.ALIYUN_ANNOTATION_ASSIGNED: "false",
+        protocol.ALIYUN_ANNOTATION_ASSUME_TIME: assume_time,
+    }
