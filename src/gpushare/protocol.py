@@ -40,6 +40,22 @@ NODE_LEASE_NAMESPACE = "kube-node-lease"
 NODE_LEASE_DURATION_S = 40
 
 
+# -- compatibility with Alibaba's gpushare (AliyunContainerService/gpushare-scheduler-extender) --
+# Understood only with `gpushare extender --compat-aliyun`. A container's aliyun.com/gpu-mem is
+# GPU memory in GiB on each of its GPUs; aliyun.com/gpu-count, if given, the number of GPUs.
+ALIYUN_RESOURCE_GPU_MEMORY = "aliyun.com/gpu-mem"
+ALIYUN_RESOURCE_GPU_COUNT = "aliyun.com/gpu-count"
+ALIYUN_RESOURCES = (ALIYUN_RESOURCE_GPU_MEMORY, ALIYUN_RESOURCE_GPU_COUNT)
+# Pod annotations its device plugin reads, written by bind in addition to ours.
+ALIYUN_ANNOTATION_GPU_INDEX = "ALIYUN_COM_GPU_MEM_IDX"  # GPU index(es), comma-separated
+ALIYUN_ANNOTATION_POD_MEMORY = "ALIYUN_COM_GPU_MEM_POD"  # the pod's GPU memory in GiB
+ALIYUN_ANNOTATION_DEV_MEMORY = "ALIYUN_COM_GPU_MEM_DEV"  # the (first) GPU's memory in GiB
+ALIYUN_ANNOTATION_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"  # "false"; the device plugin: "true"
+ALIYUN_ANNOTATION_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"  # ns since the epoch
+# What kube-scheduler leaves to the extender (managedResources, ignoredByScheduler).
+SCHEDULER_MANAGED_RESOURCES = MANAGED_RESOURCES + ALIYUN_RESOURCES
+
+
 class ProtocolError(ValueError):
     """A gpushare annotation or label that does not follow this contract."""
 

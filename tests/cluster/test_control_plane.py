@@ -160,7 +160,7 @@ def test_real_scheduler_accepts_the_project_config_with_the_extender(
             (entry,) = written["extenders"]
             assert entry["urlPrefix"].endswith(protocol.EXTENDER_PATH_PREFIX)
             assert [r["name"] for r in entry["managedResources"]] == list(
-                protocol.MANAGED_RESOURCES
+                protocol.SCHEDULER_MANAGED_RESOURCES
             )
         else:
             assert not written.get("extenders")

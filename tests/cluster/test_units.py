@@ -171,7 +171,9 @@ def test_scheduler_config_in_project_has_the_extender() -> None:
     assert extender["prioritizeVerb"] == protocol.EXTENDER_PRIORITIZE_VERB
     assert extender["bindVerb"] == protocol.EXTENDER_BIND_VERB
     assert extender["nodeCacheCapable"] is True
-    assert [r["name"] for r in extender["managedResources"]] == list(protocol.MANAGED_RESOURCES)
+    assert [r["name"] for r in extender["managedResources"]] == list(
+        protocol.SCHEDULER_MANAGED_RESOURCES
+    )
     assert all(r["ignoredByScheduler"] for r in extender["managedResources"])
 
 

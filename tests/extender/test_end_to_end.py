@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 import time
 from typing import Any
 
 from lightkube import Client
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.events_v1 import Event
 
 from gpushare import protocol
@@ -91,3 +93,98 @@ def test_deleting_pods_frees_their_share(ekube, ewatch, ens) -> None:
     ekube.delete(Pod, "full2", namespace=ens, grace_period=0)
     bound = ewatch(Pod, "waiting", lambda p: bool(p.spec.nodeName), namespace=ens, timeout=60)
     assert bound.metadata.annotations[protocol.ANNOTATION_ALLOCATION]
+
+
+def _label_nodes_policy(kube: Client, cache: Any, policy: str | None) -> None:
+    """Set (None: remove) every node's gpushare.io/policy label; return once the cache has it."""
+    names = list(cache.nodes)
+    for name in names:
+        kube.patch(Node, name, {"metadata": {"labels": {protocol.LABEL_POLICY: policy}}})
+    want = policy or protocol.DEFAULT_NODE_POLICY
+    pause = threading.Event()  # never set: a bounded wait between looks at the cache
+    deadline = time.monotonic() + 10
+    while not all(cache.nodes[name].policy == want for name in names):
+        assert time.monotonic() < deadline, "the extender's cache did not see the node labels"
+        pause.wait(0.02)
+
+
+def test_spread_does_the_opposite_of_binpack(ekube, ewatch, ens, extender_cluster) -> None:
+    _label_nodes_policy(ekube, extender_cluster.cache, "spread")
+    try:
+        placed = [place(ekube, ewatch, ens, gpu_pod(f"s{i}", mem=2)) for i in range(4)]
+    finally:
+        _label_nodes_policy(ekube, extender_cluster.cache, None)
+    # 2 nodes of 2 GPUs: spread puts each of the 4 shares on a GPU of its own (binpack, in
+    # test_binpack_fills_a_gpu_then_a_node_before_the_next, stacks them on one).
+    uuids = [share["uuid"] for _, (share,) in placed]
+    assert len(set(uuids)) == 4
+    assert len({node for node, _ in placed}) == 2
+
+
+def test_two_gpu_containers_and_a_gpu_init_container_each_get_an_allocation(
+    ekube, ewatch, ens
+) -> None:
+    def container(name: str, **limits: str) -> dict[str, Any]:
+        return {"name": name, "image": "busybox", "resources": {"limits": limits}}
+
+    mem, core = protocol.RESOURCE_GPU_MEMORY, protocol.RESOURCE_GPU_CORE
+    pod = Pod.from_dict(
+        {
+            "metadata": {"name": "two"},
+            "spec": {
+                "initContainers": [container("setup", **{mem: "1"})],
+                "containers": [
+                    container("a", **{mem: "3"}),
+                    container("b", **{mem: "5", core: "30"}),
+                    container("plain"),
+                ],
+            },
+        }
+    )
+    ekube.create(pod, namespace=ens)
+    bound = ewatch(Pod, "two", lambda p: bool(p.spec.nodeName), namespace=ens, timeout=30)
+    allocation = protocol.decode_allocation(
+        bound.metadata.annotations[protocol.ANNOTATION_ALLOCATION]
+    )
+    assert set(allocation) == {"setup", "a", "b"}
+    (setup,), (a,), (b,) = allocation["setup"], allocation["a"], allocation["b"]
+    assert (setup.memory_mib, a.memory_mib, b.memory_mib) == (GIB, 3 * GIB, 5 * GIB)
+    assert (a.core, b.core) == (0, 30)
+    node_gpus = {
+        gpu.uuid
+        for gpu in protocol.decode_gpus(
+            ekube.get(Node, bound.spec.nodeName).metadata.annotations[protocol.ANNOTATION_GPUS]
+        )
+    }
+    assert {setup.uuid, a.uuid, b.uuid} <= node_gpus
+
+
+def test_compat_aliyun_places_a_pod_written_for_the_old_system(
+    ekube, ewatch, ens, extender_cluster
+) -> None:
+    cache = extender_cluster.cache
+    before = cache.units
+    cache.units = dataclasses.replace(before, compat_aliyun=True)  # --compat-aliyun
+    try:
+        limits = {protocol.ALIYUN_RESOURCE_GPU_MEMORY: "3"}
+        old = Pod.from_dict(
+            {
+                "metadata": {"name": "old-style"},
+                "spec": {
+                    "containers": [
+                        {"name": "main", "image": "busybox", "resources": {"limits": limits}}
+                    ]
+                },
+            }
+        )
+        ekube.create(old, namespace=ens)
+        pod = ewatch(Pod, "old-style", lambda p: bool(p.spec.nodeName), namespace=ens, timeout=30)
+    finally:
+        cache.units = before
+    annotations = pod.metadata.annotations
+    (share,) = protocol.decode_allocation(annotations[protocol.ANNOTATION_ALLOCATION])["main"]
+    assert share.memory_mib == 3 * GIB
+    assert annotations[protocol.ALIYUN_ANNOTATION_GPU_INDEX] == str(share.index)
+    assert annotations[protocol.ALIYUN_ANNOTATION_POD_MEMORY] == "3"
+    assert annotations[protocol.ALIYUN_ANNOTATION_ASSIGNED] == "false"
+    assert int(annotations[protocol.ALIYUN_ANNOTATION_ASSUME_TIME]) > 0

@@ -92,3 +92,51 @@ def test_malformed_requests_say_why(containers, annotations, message) -> None:
         parse_pod(pod("p", *containers, annotations=annotations))
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def _aliyun(name: str = "main", **limits: str) -> dict:
+    names = {
+        "mem": protocol.ALIYUN_RESOURCE_GPU_MEMORY,
+        "count": protocol.ALIYUN_RESOURCE_GPU_COUNT,
+    }
+    return {"name": name, "resources": {"limits": {names[k]: v for k, v in limits.items()}}}
+
+
+def test_aliyun_names_are_refused_with_a_reason_unless_compat_is_on() -> None:
+    with pytest.raises(RequestError, match="only with gpushare extender --compat-aliyun"):
+        parse_pod(pod("p", _aliyun(mem="4")))
+
+
+def test_aliyun_names_with_compat() -> None:
+    compat = Units(compat_aliyun=True)
+    (item,) = parse_pod(pod("p", _aliyun(mem="4")), compat).containers
+    assert (item.request.gpu_count, item.request.memory_mib_per_gpu) == (1, 4 * 1024)
+    # gpu-mem is GiB on each GPU whatever --memory-unit says; gpu-count the number of GPUs.
+    mib = Units(memory_mib_per_unit=1, compat_aliyun=True)
+    (item,) = parse_pod(pod("p", _aliyun(mem="3", count="2")), mib).containers
+    assert (item.request.gpu_count, item.request.memory_mib_per_gpu) == (2, 3 * 1024)
+
+
+@pytest.mark.parametrize(
+    ("the_container", "message"),
+    [
+        (_aliyun(mem="0"), "must be > 0"),
+        (_aliyun(count="2"), "needs aliyun.com/gpu-mem"),
+        (_aliyun(mem="1.5"), "whole number"),
+        (
+            {
+                "name": "main",
+                "resources": {
+                    "limits": {
+                        protocol.ALIYUN_RESOURCE_GPU_MEMORY: "2",
+                        protocol.RESOURCE_GPU_CORE: "20",
+                    }
+                },
+            },
+            "cannot be combined",
+        ),
+    ],
+)
+def test_bad_aliyun_requests(the_container: dict, message: str) -> None:
+    with pytest.raises(RequestError, match=message):
+        parse_pod(pod("p", the_container), Units(compat_aliyun=True))

@@ -42,6 +42,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="the unit of gpushare.io/gpu-mem (default GiB)",
     )
     parser.add_argument(
+        "--compat-aliyun",
+        action="store_true",
+        default=os.environ.get("GPUSHARE_COMPAT_ALIYUN", "") in ("1", "true"),
+        help="also place pods that ask for Alibaba gpushare's aliyun.com/gpu-mem (GiB per "
+        "GPU) and aliyun.com/gpu-count, and write its ALIYUN_COM_GPU_MEM_* annotations "
+        "(default: $GPUSHARE_COMPAT_ALIYUN, else off)",
+    )
+    parser.add_argument(
         "--resync", type=float, default=300.0, help="seconds between full relists (default 300)"
     )
     parser.add_argument("--log-level", default="INFO", help="default INFO")
@@ -83,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpushare extender: error: no usable kubeconfig: {error}", file=sys.stderr)
         return 2
     unit = protocol.MIB_PER_GIB if args.memory_unit == "GiB" else 1
-    cache = ClusterCache(Units(memory_mib_per_unit=unit))
+    cache = ClusterCache(Units(memory_mib_per_unit=unit, compat_aliyun=args.compat_aliyun))
     try:
         server = make_server(Extender(cache, KubeBinder(client)), host, port, prefix)
     except OSError as error:

@@ -36,6 +36,9 @@ class Units:
     """How a cluster counts gpushare.io/gpu-mem: MiB per unit (1024: GiB, the default)."""
 
     memory_mib_per_unit: int = protocol.MIB_PER_GIB
+    # Also place containers that ask for Alibaba gpushare's aliyun.com/gpu-mem (GiB per GPU)
+    # and aliyun.com/gpu-count (GPUs); without it such a container is refused with a reason.
+    compat_aliyun: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +90,7 @@ def _resources(container: dict[str, Any]) -> dict[str, Any]:
     # Extended resources must have limits; requests default to them and must equal them.
     for part in ("requests", "limits"):
         for name, value in (resources.get(part) or {}).items():
-            if name in protocol.MANAGED_RESOURCES:
+            if name in protocol.SCHEDULER_MANAGED_RESOURCES:
                 found[name] = value
     return found
 
@@ -142,6 +145,8 @@ def _container_request(
     if not resources:
         return None
     values = {res: _quantity(value, res, name) for res, value in resources.items()}
+    if any(res in values for res in protocol.ALIYUN_RESOURCES):
+        return _aliyun_request(key, name, values, gpu_count, models, units)
     memory = values.get(protocol.RESOURCE_GPU_MEMORY)
     core = values.get(protocol.RESOURCE_GPU_CORE)
     whole = values.get(protocol.RESOURCE_GPU_COUNT)
@@ -187,3 +192,49 @@ def _request(key: str, name: str, **fields: Any) -> Request:
         return Request(name=request_name(key, name), **fields)
     except ModelError as error:
         raise RequestError(f"container {name}: {error}") from None
+
+
+def _aliyun_request(
+    key: str,
+    name: str,
+    values: dict[str, int],
+    gpu_count: int | None,
+    models: frozenset[str],
+    units: Units,
+) -> Request | None:
+    """A container written for Alibaba's gpushare: aliyun.com/gpu-mem GiB on each GPU."""
+    where = f"container {name}"
+    if not units.compat_aliyun:
+        raise RequestError(
+            f"{where}: {'/'.join(sorted(set(values) & set(protocol.ALIYUN_RESOURCES)))} "
+            f"is understood only with gpushare extender --compat-aliyun"
+        )
+    if set(values) - set(protocol.ALIYUN_RESOURCES):
+        raise RequestError(
+            f"{where}: {protocol.ALIYUN_RESOURCE_GPU_MEMORY} cannot be combined with "
+            f"gpushare.io resources"
+        )
+    memory = values.get(protocol.ALIYUN_RESOURCE_GPU_MEMORY)
+    count = values.get(protocol.ALIYUN_RESOURCE_GPU_COUNT)
+    if memory is None:
+        if count == 0:
+            return None
+        raise RequestError(
+            f"{where}: {protocol.ALIYUN_RESOURCE_GPU_COUNT} needs "
+            f"{protocol.ALIYUN_RESOURCE_GPU_MEMORY}"
+        )
+    if memory == 0:
+        raise RequestError(f"{where}: {protocol.ALIYUN_RESOURCE_GPU_MEMORY} must be > 0")
+    if count is not None and gpu_count is not None and count != gpu_count:
+        raise RequestError(
+            f"{where}: {protocol.ALIYUN_RESOURCE_GPU_COUNT} {count} disagrees with annotation "
+            f"{protocol.ANNOTATION_GPU_COUNT} {gpu_count}"
+        )
+    count = count or gpu_count or 1
+    return _request(
+        key,
+        name,
+        gpu_count=count,
+        memory_mib_per_gpu=memory * protocol.MIB_PER_GIB,
+        allowed_models=models,
+    )
