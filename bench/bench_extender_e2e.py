@@ -1,0 +1,202 @@
+"""Pods bound per second end to end, through the real kube-scheduler, with and without the extender.
+
+Run: .venv/bin/python bench/bench_extender_e2e.py [--nodes 100] [--gpus 8] [--pods 1000]
+Target (issue 5): gpushare pods bound at least 80% as fast as plain pods.
+
+Two local clusters (`gpushare cluster up`, each in a fresh temporary state dir, torn down with
+`gpushare cluster down` at the end even on error), N simulated nodes of 8 H200s each:
+
+- `up` (no extender): N plain pods (100m CPU, 128 MiB, no GPU), placed and bound by
+  kube-scheduler alone;
+- `up --extender`: N gpushare pods (`gpushare.io/gpu-mem` 1..4 GiB, one in five with
+  `gpushare.io/gpu-core`), which kube-scheduler sends to the extender's filter, prioritize and
+  bind (the extender annotates the pod, then posts the Binding).
+
+Pods are created by --writers threads, each with its own client, as fast as the API server
+takes them. A watch on the namespace, started from the resourceVersion of a list made before
+the first create, counts pods as their spec.nodeName appears; no sleeps. The rate is N over the
+time from the first create to the last bind seen. The create rate alone is printed too: if it
+were the limit, both rates would be near it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from lightkube import Client, KubeConfig
+from lightkube.resources.core_v1 import Namespace, Pod
+
+from gpushare import protocol
+from gpushare.cluster.binaries import find_bin_dir
+
+TARGET_RATIO = 0.8
+NAMESPACE = "bench"
+
+
+def gpushare(env: dict[str, str], *args: str) -> float:
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "gpushare.cli.main", "cluster", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"gpushare cluster {' '.join(args)} failed: {result.stderr.strip()}")
+    return time.perf_counter() - started
+
+
+def plain_pod(name: str, rng: random.Random) -> dict:
+    limits = {"cpu": "100m", "memory": "128Mi"}
+    return container_pod(name, limits)
+
+
+def gpushare_pod(name: str, rng: random.Random) -> dict:
+    limits = {protocol.RESOURCE_GPU_MEMORY: str(rng.randint(1, 4))}
+    if rng.random() < 0.2:
+        limits[protocol.RESOURCE_GPU_CORE] = str(rng.choice((10, 25, 50)))
+    return container_pod(name, limits)
+
+
+def container_pod(name: str, limits: dict[str, str]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "bench"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": limits, "requests": limits},
+                }
+            ]
+        },
+    }
+
+
+def measure(kubeconfig: Path, count: int, make_pod, writers: int, timeout: float) -> dict:
+    """Create ``count`` pods; return timings, counting binds with a watch."""
+    config = KubeConfig.from_file(kubeconfig)
+    client = Client(config=config, field_manager="bench")
+    client.create(Namespace(metadata={"name": NAMESPACE}))  # type: ignore[arg-type]
+    listing = client.list(Pod, namespace=NAMESPACE)
+    list(listing)
+    version = listing.resourceVersion
+    bound: dict[str, float] = {}
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def watch() -> None:
+        watcher = Client(config=config, field_manager="bench-watch", timeout=None)
+        try:
+            for _, obj in watcher.watch(Pod, namespace=NAMESPACE, resource_version=version):
+                if obj.spec and obj.spec.nodeName and obj.metadata.name not in bound:
+                    bound[obj.metadata.name] = time.perf_counter()
+                    if len(bound) >= count:
+                        done.set()
+                        return
+        except BaseException as error:  # surfaced to the main thread
+            failure.append(error)
+            done.set()
+
+    threading.Thread(target=watch, name="bench-watch", daemon=True).start()
+    rng = random.Random(0)
+    pods = [make_pod(f"pod-{i:05d}", rng) for i in range(count)]
+    local = threading.local()
+
+    def create(obj: dict) -> float:
+        if not hasattr(local, "client"):
+            local.client = Client(config=config, field_manager="bench")
+        local.client.create(Pod.from_dict(obj))
+        return time.perf_counter()
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        created = list(pool.map(create, pods))
+    created_s = max(created) - began
+    if not done.wait(timeout):
+        raise RuntimeError(f"only {len(bound)} of {count} pods bound after {timeout:.0f} s")
+    if failure:
+        raise RuntimeError(f"watch failed: {failure[0]}")
+    last = max(bound.values())
+    return {
+        "pods": count,
+        "create_s": created_s,
+        "bound_s": last - began,
+        "create_rate": count / created_s,
+        "bind_rate": count / (last - began),
+    }
+
+
+def run_cluster(env: dict[str, str], tmp: str, label: str, options, extender: bool, make_pod):
+    state_dir = Path(tmp) / label
+    where = ("--state-dir", str(state_dir))
+    flags = ["--nodes", str(options.nodes), "--gpus-per-node", str(options.gpus)]
+    flags.append("--extender" if extender else "--no-extender")
+    try:
+        up_s = gpushare(env, "up", *where, *flags)
+        print(f"{label}: cluster up in {up_s:.1f} s", flush=True)
+        result = measure(
+            state_dir / "kubeconfig", options.pods, make_pod, options.writers, options.timeout
+        )
+    finally:
+        try:
+            gpushare(env, "down", *where)
+        except RuntimeError as error:
+            print(error, file=sys.stderr)
+    print(
+        f"{label}: {result['pods']} pods created in {result['create_s']:.1f} s "
+        f"({result['create_rate']:.0f}/s), all bound after {result['bound_s']:.1f} s "
+        f"({result['bind_rate']:.1f} pods/s)",
+        flush=True,
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--writers", type=int, default=8, help="threads creating pods")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for binds")
+    options = parser.parse_args()
+
+    bin_dir = find_bin_dir()
+    env = {**os.environ, "GPUSHARE_K8S_BIN_DIR": str(bin_dir)}
+    print(
+        f"{os.cpu_count()} CPU(s); {options.nodes} nodes x {options.gpus} GPUs, "
+        f"{options.pods} pods per run, {options.writers} writers",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-extender-e2e-") as tmp:
+        plain = run_cluster(env, tmp, "plain", options, False, plain_pod)
+        shared = run_cluster(env, tmp, "gpushare", options, True, gpushare_pod)
+    ratio = shared["bind_rate"] / plain["bind_rate"]
+    print("| pods | scheduler | pods/s bound (first create to last bind) | create rate |")
+    print("| --- | --- | --- | --- |")
+    for name, label, result in (
+        ("plain (no GPU)", "kube-scheduler", plain),
+        ("gpushare.io/gpu-mem", "kube-scheduler + extender", shared),
+    ):
+        print(
+            f"| {name} | {label} | {result['bind_rate']:.1f} "
+            f"({result['pods']} in {result['bound_s']:.1f} s) | {result['create_rate']:.0f}/s |"
+        )
+    verdict = "meets" if ratio >= TARGET_RATIO else "misses"
+    print(f"ratio gpushare / plain {ratio:.0%} {verdict} the {TARGET_RATIO:.0%} target")
+
+
+if __name__ == "__main__":
+    main()
