@@ -52,6 +52,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--resync", type=float, default=300.0, help="seconds between full relists (default 300)"
     )
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="elect a leader among replicas with the Lease gpushare-extender; only the "
+        "leader answers kube-scheduler, the others answer 503 and report not ready "
+        "(default off: one replica)",
+    )
+    parser.add_argument(
+        "--leader-elect-namespace",
+        default="kube-system",
+        help="the namespace of the Lease (default %(default)s)",
+    )
+    parser.add_argument(
+        "--leader-elect-identity",
+        default=None,
+        help="this replica's holderIdentity (default: $POD_NAME or the host name, and a "
+        "random suffix)",
+    )
     parser.add_argument("--log-level", default="INFO", help="default INFO")
     parser.set_defaults(run=run)
 
@@ -68,6 +86,7 @@ def parse_url(url: str) -> tuple[str, int, str]:
 def run(args: argparse.Namespace) -> int:
     from lightkube import Client, KubeConfig
 
+    from gpushare.extender.leader import LeaderElector
     from gpushare.extender.server import Extender, make_server
     from gpushare.extender.watch import KubeBinder, Watcher
 
@@ -92,13 +111,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     unit = protocol.MIB_PER_GIB if args.memory_unit == "GiB" else 1
     cache = ClusterCache(Units(memory_mib_per_unit=unit, compat_aliyun=args.compat_aliyun))
+    elector = None
+    if args.leader_elect:
+        elector = LeaderElector(
+            client, identity=args.leader_elect_identity, namespace=args.leader_elect_namespace
+        )
+    is_leader = (lambda: elector.is_leader) if elector is not None else None
     try:
-        server = make_server(Extender(cache, KubeBinder(client)), host, port, prefix)
+        server = make_server(Extender(cache, KubeBinder(client), is_leader), host, port, prefix)
     except OSError as error:
         print(f"gpushare extender: error: cannot listen on {host}:{port}: {error}", file=sys.stderr)
         return 1
     watcher = Watcher(client, cache, resync_s=args.resync)
     watcher.start()
+    if elector is not None:
+        elector.start()
     stop = threading.Event()
 
     def shutdown(*_: object) -> None:
@@ -112,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if elector is not None:
+            elector.stop(release=True)
         watcher.stop()
         server.server_close()
         client.close()

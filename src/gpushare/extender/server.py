@@ -1,7 +1,9 @@
 """The extender's HTTP server: the kube-scheduler verbs, health and Prometheus metrics.
 
 POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind (prefix ``/gpushare-scheduler``);
-GET /healthz (the process answers), /readyz (the cache has listed nodes and pods), /metrics.
+GET /healthz (the process answers), /readyz (the cache has listed nodes and pods and, with
+leader election, this replica leads), /metrics. With leader election a replica that does not
+lead answers every verb 503 (kube-scheduler retries the pod).
 A threaded stdlib server: kube-scheduler binds asynchronously, so calls overlap; the cache's
 lock orders them. A body that is not JSON, not the verb's shape, or larger than
 ``MAX_BODY_BYTES`` gets a 4xx and a log line.
@@ -33,6 +35,7 @@ log = logging.getLogger("gpushare.extender")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a pod and 5,000 node names fit many times over
 NOT_SYNCED = "the gpushare extender has not yet listed nodes and pods; try again"
+NOT_LEADER = "this gpushare extender replica is not the leader; try again"
 
 
 class Binder(Protocol):
@@ -69,10 +72,21 @@ class Metrics:
 class Extender:
     """The verbs with their side effects: the bind's API calls and the metrics."""
 
-    def __init__(self, cache: ClusterCache, binder: Binder | None = None) -> None:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        binder: Binder | None = None,
+        is_leader: Callable[[], bool] | None = None,
+    ) -> None:
         self.cache = cache
         self.binder = binder
+        # None: no leader election (one replica), always answer.
+        self.is_leader = is_leader
         self.metrics = Metrics()
+
+    @property
+    def leading(self) -> bool:
+        return self.is_leader is None or self.is_leader()
 
     def filter(self, body: Any) -> dict[str, Any]:
         if not self.cache.ready:
@@ -113,6 +127,8 @@ class Extender:
             return {"error": "the extender has no API client; cannot bind"}
         try:
             binder.annotate(args.namespace, args.name, dict(annotations))
+            if not self.leading:  # lost the lease during the bind: no Binding after all
+                raise RuntimeError(NOT_LEADER)
             binder.bind(args.namespace, args.name, args.uid, args.node)
         except Exception as error:
             self.cache.forget(args.key, args.uid)
@@ -166,8 +182,12 @@ def _handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
             if self.path == "/healthz":
                 self._send(200, b"ok", "text/plain")
             elif self.path == "/readyz":
-                ready = extender.cache.ready
-                self._send(200 if ready else 503, b"ok" if ready else b"syncing", "text/plain")
+                if not extender.cache.ready:
+                    self._send(503, b"syncing", "text/plain")
+                elif not extender.leading:
+                    self._send(503, b"not leader", "text/plain")
+                else:
+                    self._send(200, b"ok", "text/plain")
             elif self.path == "/metrics":
                 self._send(200, generate_latest(extender.metrics.registry), CONTENT_TYPE_LATEST)
             else:
@@ -188,6 +208,10 @@ def _handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
                 return
             raw = self.rfile.read(length)
             verb = self.path.rsplit("/", 1)[-1]
+            if not extender.leading:
+                extender.metrics.failures.labels("not_leader").inc()
+                self._reject(503, NOT_LEADER)
+                return
             began = time.perf_counter()
             try:
                 body = json.loads(raw)
