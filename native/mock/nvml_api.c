@@ -54,6 +54,13 @@ MOCK_EXPORT nvmlReturn_t nvmlInit_v2(void)
     return NVML_SUCCESS;
 }
 
+/* What nvidia-ml-py's nvmlInit() calls; the mock has no flags to honour. */
+MOCK_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    return nvmlInit_v2();
+}
+
 MOCK_EXPORT nvmlReturn_t nvmlShutdown(void)
 {
     if (pthread_mutex_lock(&g_nvml_lock) != 0)

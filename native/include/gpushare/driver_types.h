@@ -215,6 +215,7 @@ typedef struct {
 } nvmlUtilization_t;
 
 nvmlReturn_t nvmlInit_v2(void);
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
 nvmlReturn_t nvmlShutdown(void);
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device);
