@@ -27,6 +27,9 @@ LABEL_SIMULATED = f"{DOMAIN}/simulated"  # "true": a node of `gpushare cluster`,
 
 # Node annotation: the node's GPUs as a JSON list of GpuInfo.to_json() objects.
 ANNOTATION_GPUS = f"{DOMAIN}/gpus"
+# Node annotation written by the extender when its cache frees a share while a pod waits:
+# nanoseconds since the epoch. Its change makes kube-scheduler retry the pods it refused.
+ANNOTATION_CAPACITY_FREED = f"{DOMAIN}/capacity-freed"
 
 # The scheduler extender's HTTP endpoint (deploy/scheduler/kube-scheduler-config.yaml).
 EXTENDER_DEFAULT_PORT = 39999

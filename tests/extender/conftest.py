@@ -23,6 +23,7 @@ from gpushare import protocol
 from gpushare.cluster import ClusterInfo, NodeSpec, down, up
 from gpushare.cluster.processes import free_port
 from gpushare.extender.cache import ClusterCache
+from gpushare.extender.nudge import CapacityNudger
 from gpushare.extender.server import Extender, make_server, serve_in_thread
 from gpushare.extender.watch import KubeBinder, Watcher
 
@@ -50,6 +51,7 @@ class ExtenderCluster:
     info: ClusterInfo
     cache: ClusterCache
     extender: Extender
+    nudger: CapacityNudger
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +64,7 @@ def extender_cluster(
     cache = ClusterCache()
     client: Client | None = None
     watcher: Watcher | None = None
+    nudger: CapacityNudger | None = None
     httpd = None
     try:
         info = up(
@@ -73,7 +76,11 @@ def extender_cluster(
             tie_to_parent=True,
         )
         client = Client(config=KubeConfig.from_file(info.kubeconfig), field_manager="extender")
-        extender = Extender(cache, KubeBinder(client))
+        binder = KubeBinder(client)
+        nudger = CapacityNudger(binder.annotate_node)
+        cache.on_freed = nudger.freed
+        nudger.start()
+        extender = Extender(cache, binder, None, nudger)
         httpd = make_server(extender, "127.0.0.1", port)
         serve_in_thread(httpd)
         watcher = Watcher(client, cache, resync_s=30)
@@ -82,10 +89,12 @@ def extender_cluster(
         while not (cache.ready and len(cache.ledger) == EXTENDER_NODES.count):
             assert time.monotonic() < deadline, "the extender's cache did not sync"
             time.sleep(0.05)
-        yield ExtenderCluster(info, cache, extender)
+        yield ExtenderCluster(info, cache, extender, nudger)
     finally:
         if watcher is not None:
             watcher.stop()
+        if nudger is not None:
+            nudger.stop()
         if httpd is not None:
             httpd.shutdown()
             httpd.server_close()

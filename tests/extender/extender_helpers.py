@@ -89,13 +89,13 @@ class FakeBinder:
         self.fail_bind: Exception | None = None
         self.pods: dict[str, dict[str, Any]] = {}
 
-    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
-        self.annotations.setdefault(f"{namespace}/{name}", {}).update(annotations)
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
+    ) -> None:
         if self.fail_bind is not None:
             raise self.fail_bind
         self.bound[f"{namespace}/{name}"] = node
+        self.annotations.setdefault(f"{namespace}/{name}", {}).update(annotations)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self.pods[f"{namespace}/{name}"]

@@ -158,7 +158,7 @@ def test_assumed_pod_holds_capacity_until_bind_fails() -> None:
     )
     assert "409 Conflict" in answer["error"]
     assert cache.pods == {}
-    assert binder.annotations["default/p"][protocol.ANNOTATION_ALLOCATION] is None
+    assert "default/p" not in binder.annotations and "default/p" not in binder.bound
     assert extender.filter(args(the_pod, "n1"))["nodenames"] == ["n1"]
 
 
@@ -219,11 +219,29 @@ def test_bind_of_unknown_pod_is_an_error() -> None:
     assert answer["error"].startswith("pod d/p: ")  # the API server does not know it either
 
 
-def test_policy_needing_a_workload_is_refused() -> None:
-    cache = make_cache()
-    the_pod = pod("p", container(mem=1), annotations={protocol.ANNOTATION_POLICY: "fgd"})
-    result = verbs.filter_nodes(cache, args(the_pod, "n1"))
-    assert "needs a target workload" in result["failedAndUnresolvableNodes"]["n1"]
+def test_fragmentation_aware_policies_place_against_the_workload_seen() -> None:
+    cache = make_cache(node("n1", gpus=2), node("n2", gpus=2))
+    binder = FakeBinder()
+    fgd = {protocol.ANNOTATION_POLICY: "fgd-pack"}
+    for i in range(4):
+        placed = bound(cache, binder, pod(f"p{i}", container(mem=8), annotations=fgd), "n1")
+        assert shares(placed)["main"][0]["memoryMiB"] == 8 * GIB
+    workload = cache.target_workload()
+    assert [(s.gpu_count, s.memory_mib_per_gpu) for s in workload.shapes] == [(1, 8 * GIB)]
+    # Four 8 GiB pods fill n1's two 16 GiB GPUs exactly: nothing stranded, n2 untouched.
+    assert cache.ledger.gpu_free_memory_mib.tolist() == [[0, 0], [16 * GIB, 16 * GIB]]
+
+
+def test_workload_is_learnt_from_bound_pods_after_a_restart_and_refreshed() -> None:
+    cache = make_cache(node("n1", gpus=2))
+    placed = [bound(cache, FakeBinder(), pod(f"p{i}", container(mem=2)), "n1") for i in range(4)]
+    fresh = make_cache(node("n1", gpus=2))
+    fresh.replace_pods(placed)
+    assert [s.memory_mib_per_gpu for s in fresh.target_workload().shapes] == [2 * GIB]
+    for i in range(30):  # enough new pods to refresh: 6 GiB becomes the main shape
+        fresh.pod_request(pod(f"q{i}", container(mem=6)))
+    assert fresh.target_workload().shapes[0].memory_mib_per_gpu == 6 * GIB
+    assert fresh.target_workload().weights[0] == pytest.approx(30 / 34)
 
 
 def test_compat_aliyun_bind_writes_both_sets_of_annotations() -> None:
@@ -259,3 +277,72 @@ def test_prioritize_scores_only_the_nodes_that_fit_and_zero_for_the_rest() -> No
     ranked = verbs.prioritize(cache, args(pod("p", container(mem=40)), "small", "big", "big2"))
     scores = {item["host"]: item["score"] for item in ranked}
     assert scores["small"] == 0 and scores["big"] == scores["big2"] == verbs.MAX_EXTENDER_PRIORITY
+
+
+def _free_gib(cache: ClusterCache, node_index: int = 0, gpu: int = 0) -> float:
+    return int(cache.ledger.gpu_free_memory_mib[node_index, gpu]) / GIB
+
+
+def _rebuilt(cache_nodes: list[dict], placed: dict) -> ClusterCache:
+    fresh = ClusterCache()
+    fresh.replace_nodes(cache_nodes)
+    fresh.replace_pods([placed])
+    return fresh
+
+
+def test_init_container_reuses_the_app_share_it_runs_before() -> None:
+    # 10 GiB app + 8 GiB init on one 16 GiB GPU: they never run together (max rule).
+    nodes = [node("n1", gpus=1)]
+    cache = make_cache(*nodes)
+    the_pod = pod("p", container("app", mem=10), init=(container("setup", mem=8),))
+    placed = bound(cache, FakeBinder(), the_pod, "n1")
+    assert shares(placed)["setup"] == [
+        {"uuid": "GPU-n1-0", "index": 0, "memoryMiB": 8 * GIB, "core": 0}
+    ]
+    assert _free_gib(cache) == 6
+    assert _free_gib(_rebuilt(nodes, placed)) == 6  # the same charge after a restart
+    cache.delete_pod(placed)
+    assert _free_gib(cache) == 16
+
+
+def test_init_container_larger_than_the_apps_holds_the_difference() -> None:
+    nodes = [node("n1", gpus=1)]
+    cache = make_cache(*nodes)
+    the_pod = pod("p", container("app", mem=4), init=(container("setup", mem=12),))
+    placed = bound(cache, FakeBinder(), the_pod, "n1")
+    assert _free_gib(cache) == 4  # max(12, 4), not 16
+    held = {allocation.request_name for allocation in cache.ledger.allocations()}
+    assert held == {"default/p/app", "default/p/(init)"}
+    assert _free_gib(_rebuilt(nodes, placed)) == 4
+    cache.delete_pod(placed)
+    assert _free_gib(cache) == 16 and not cache.ledger.allocations()
+
+
+def test_sidecar_init_container_runs_beside_the_apps_and_adds_up() -> None:
+    cache = make_cache(node("n1", gpus=1))
+    sidecar = container("proxy", mem=8) | {"restartPolicy": "Always"}
+    the_pod = pod("p", container("app", mem=10), init=(sidecar,))
+    result = verbs.filter_nodes(cache, args(the_pod, "n1"))
+    assert result["nodenames"] == []
+    assert result["failedNodes"]["n1"].startswith("container app: no GPU with 10 GiB free")
+
+
+def test_exclusive_init_container_beside_a_shared_app_keeps_others_off_that_gpu() -> None:
+    nodes = [node("n1", gpus=2)]
+    cache = make_cache(*nodes)
+    binder = FakeBinder()
+    the_pod = pod("p", container("app", mem=4), init=(container("setup", gpu=1),))
+    placed = bound(cache, binder, the_pod, "n1")
+    app_gpu = shares(placed)["app"][0]["index"]
+    init_share = shares(placed)["setup"][0]
+    assert init_share["exclusive"] and init_share["memoryMiB"] == 16 * GIB
+    if init_share["index"] == app_gpu:
+        # The rest of that GPU is held while the init container may run.
+        assert _free_gib(cache, 0, app_gpu) == 0
+    other = shares(bound(cache, binder, pod("q", container(mem=1)), "n1"))["main"][0]
+    assert other["index"] != init_share["index"]
+    rebuilt = _rebuilt(nodes, placed)  # without q
+    for index in range(2):
+        assert _free_gib(rebuilt, 0, index) == _free_gib(cache, 0, index) + (
+            1 if index == other["index"] else 0
+        )

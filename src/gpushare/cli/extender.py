@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from lightkube import Client, KubeConfig
 
     from gpushare.extender.leader import LeaderElector
+    from gpushare.extender.nudge import CapacityNudger
     from gpushare.extender.server import Extender, make_server
     from gpushare.extender.watch import KubeBinder, Watcher
 
@@ -117,13 +118,17 @@ def run(args: argparse.Namespace) -> int:
             client, identity=args.leader_elect_identity, namespace=args.leader_elect_namespace
         )
     is_leader = (lambda: elector.is_leader) if elector is not None else None
+    binder = KubeBinder(client)
+    nudger = CapacityNudger(binder.annotate_node, is_leader)
+    cache.on_freed = nudger.freed
     try:
-        server = make_server(Extender(cache, KubeBinder(client), is_leader), host, port, prefix)
+        server = make_server(Extender(cache, binder, is_leader, nudger), host, port, prefix)
     except OSError as error:
         print(f"gpushare extender: error: cannot listen on {host}:{port}: {error}", file=sys.stderr)
         return 1
     watcher = Watcher(client, cache, resync_s=args.resync)
     watcher.start()
+    nudger.start()
     if elector is not None:
         elector.start()
     stop = threading.Event()
@@ -142,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         if elector is not None:
             elector.stop(release=True)
         watcher.stop()
+        nudger.stop()
         server.server_close()
         client.close()
     return 0

@@ -20,20 +20,25 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare import protocol
+from gpushare.extender.charges import INIT_CHARGE_NAME, pod_charges
 from gpushare.extender.requests import (
     PodRequest,
     RequestError,
     Units,
     parse_pod,
     pod_key,
+    regular_init_names,
     request_name,
 )
 from gpushare.model import Allocation, CapacityError, Gpu, GpuShare, Ledger, ModelError, Node
 from gpushare.placement.engine import Placer, resolve_policy
+from gpushare.placement.fragmentation import Shape, TargetWorkload
 from gpushare.placement.policies import PolicyError
 
 log = logging.getLogger("gpushare.extender")
@@ -49,12 +54,12 @@ class NodeInfo:
 
 @dataclass(slots=True)
 class PodState:
-    """The shares one pod holds: per container, its allocation on ``node``."""
+    """What one pod holds on ``node``: its ledger entries (extender/charges.py)."""
 
     key: str
     uid: str
     node: str
-    allocations: dict[str, Allocation]
+    allocations: dict[str, Allocation]  # charges: app containers, and "(init)" if any
     assumed: bool  # entered by our bind, not yet seen bound with its annotation
     in_ledger: bool = field(default=False)
 
@@ -87,7 +92,8 @@ def node_info(obj: dict[str, Any]) -> NodeInfo:
 
 
 def allocations_from_pod(obj: dict[str, Any]) -> dict[str, Allocation] | None:
-    """The allocations a pod's annotation records, or None if it records none (or is bad)."""
+    """The ledger charges of the allocation a pod's annotation records (extender/charges.py),
+    or None if it records none (or a malformed one)."""
     metadata = obj.get("metadata") or {}
     text = (metadata.get("annotations") or {}).get(protocol.ANNOTATION_ALLOCATION)
     node = (obj.get("spec") or {}).get("nodeName")
@@ -99,7 +105,7 @@ def allocations_from_pod(obj: dict[str, Any]) -> dict[str, Allocation] | None:
     except protocol.ProtocolError as error:
         log.warning("pod %s: ignoring its allocation: %s", key, error)
         return None
-    return {
+    containers = {
         container: Allocation(
             request_name=request_name(key, container),
             node_name=node,
@@ -111,6 +117,50 @@ def allocations_from_pod(obj: dict[str, Any]) -> dict[str, Allocation] | None:
         )
         for container, shares in decoded.items()
     }
+    return pod_charges(key, node, containers, regular_init_names(obj))
+
+
+# The target workload of the fragmentation-aware policies (fgd, fgd-pack) is learnt from the
+# GPU pods the extender has seen: the last WORKLOAD_HISTORY_PODS of them, bound or pending,
+# ended or not (a workload's mix, not what runs now). It is refreshed when the pods seen since
+# the last refresh reach WORKLOAD_REFRESH_FRACTION of the total (at least
+# WORKLOAD_REFRESH_MIN_PODS), so the fragmentation memo is not thrown away at every pod.
+WORKLOAD_HISTORY_PODS = 10_000
+WORKLOAD_REFRESH_FRACTION = 0.1
+WORKLOAD_REFRESH_MIN_PODS = 10
+
+
+def _shape(gpu_count: int, memory_mib_per_gpu: int, core: int, exclusive: bool) -> Shape:
+    """A container's shape for the workload; models are left out (not in the annotation)."""
+    if exclusive:
+        memory_mib_per_gpu = core = 0
+    return Shape(0, gpu_count, memory_mib_per_gpu, core, exclusive, frozenset())
+
+
+def shapes_of_request(request: PodRequest) -> tuple[Shape, ...]:
+    return tuple(
+        _shape(
+            item.request.gpu_count,
+            item.request.memory_mib_per_gpu,
+            item.request.core_percent_per_gpu,
+            item.request.exclusive,
+        )
+        for item in request.containers
+        if not item.init
+    )
+
+
+def shapes_of_charges(charges: dict[str, Allocation]) -> tuple[Shape, ...]:
+    return tuple(
+        _shape(
+            len(allocation.gpu_shares),
+            allocation.gpu_shares[0].memory_mib,
+            allocation.gpu_shares[0].core_percent,
+            allocation.gpu_shares[0].exclusive,
+        )
+        for name, allocation in charges.items()
+        if allocation.gpu_shares and name != INIT_CHARGE_NAME
+    )
 
 
 def _ended(obj: dict[str, Any]) -> bool:
@@ -127,6 +177,14 @@ class ClusterCache:
         self._placers: dict[str, Placer] = {}
         self._requests: dict[str, PodRequest | RequestError] = {}  # by pod uid
         self.synced = {"nodes": False, "pods": False}
+        self._seen_shapes: dict[str, tuple[Shape, ...]] = {}  # by pod uid, oldest first
+        self._shape_counts: Counter[Shape] = Counter()
+        self._workload: TargetWorkload | None = None
+        self._workload_pods = 0  # pods seen when the workload was last computed
+        self._pods_seen = 0
+        # Called with a node's name when a pod that ended or was deleted gives back its
+        # shares (nudge.CapacityNudger.freed); under the lock, so it must not block.
+        self.on_freed: Callable[[str], None] | None = None
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -191,7 +249,7 @@ class ClusterCache:
             current = self.pods.get(key)
             if _ended(obj):
                 self._requests.pop(uid, None)
-                self._drop(key)
+                self._drop(key, freed=True)
                 return
             allocations = allocations_from_pod(obj)
             if allocations is None:
@@ -214,6 +272,7 @@ class ClusterCache:
             self.pods[key] = state
             self._enter(state)
             self._requests.pop(uid, None)
+            self._observe(uid, shapes_of_charges(allocations))
 
     def delete_pod(self, obj: dict[str, Any]) -> None:
         key = pod_key(obj)
@@ -222,7 +281,7 @@ class ClusterCache:
             self._requests.pop(uid, None)
             current = self.pods.get(key)
             if current is not None and (not uid or current.uid == uid):
-                self._drop(key)
+                self._drop(key, freed=True)
 
     def replace_pods(self, objs: list[dict[str, Any]]) -> None:
         """A full list of the pods; assumptions in flight are kept unless their pod is gone."""
@@ -235,10 +294,38 @@ class ClusterCache:
                 self.upsert_pod(obj)
             self.synced["pods"] = True
 
-    def _drop(self, key: str) -> None:
+    def _drop(self, key: str, freed: bool = False) -> None:
         state = self.pods.pop(key, None)
         if state is not None:
+            held = state.in_ledger
             self._leave(state)
+            if freed and held and self.on_freed is not None:
+                self.on_freed(state.node)
+
+    # -- the target workload ---------------------------------------------------------------
+
+    def _observe(self, uid: str, shapes: tuple[Shape, ...]) -> None:
+        """Count a pod's container shapes in the workload history, once per pod."""
+        if not uid or not shapes or uid in self._seen_shapes:
+            return
+        self._seen_shapes[uid] = shapes
+        self._shape_counts.update(shapes)
+        self._pods_seen += 1
+        if len(self._seen_shapes) > WORKLOAD_HISTORY_PODS:
+            oldest = next(iter(self._seen_shapes))
+            self._shape_counts.subtract(self._seen_shapes.pop(oldest))
+
+    def target_workload(self) -> TargetWorkload:
+        """The workload the fragmentation-aware policies place against (see above)."""
+        with self.lock:
+            since = self._pods_seen - self._workload_pods
+            due = max(WORKLOAD_REFRESH_MIN_PODS, WORKLOAD_REFRESH_FRACTION * self._workload_pods)
+            if self._workload is None or since >= due:
+                self._workload = TargetWorkload.from_shape_counts(self._shape_counts)
+                self._workload_pods = self._pods_seen
+                for policy in [p for p in self._placers if resolve_policy(p).needs_workload]:
+                    del self._placers[policy]
+            return self._workload
 
     # -- binding ---------------------------------------------------------------------------
 
@@ -267,13 +354,14 @@ class ClusterCache:
     def placer(self, policy: str) -> Placer:
         """A placer over the current ledger; PolicyError for a policy the extender cannot run."""
         with self.lock:
+            workload = None
+            if resolve_policy(policy).needs_workload:
+                workload = self.target_workload()  # may drop a stale placer
+                if not workload.shapes:
+                    raise PolicyError(f"policy {policy} needs a target workload: no GPU pod seen")
             placer = self._placers.get(policy)
             if placer is None:
-                if resolve_policy(policy).needs_workload:
-                    raise PolicyError(
-                        f"policy {policy} needs a target workload, which the extender does not have"
-                    )
-                placer = Placer(self.ledger, policy)
+                placer = Placer(self.ledger, policy, workload=workload)
                 self._placers[policy] = placer
             return placer
 
@@ -289,6 +377,8 @@ class ClusterCache:
                 if len(self._requests) > 100_000:
                     self._requests.clear()
                 self._requests[uid] = parsed
+                if isinstance(parsed, PodRequest):
+                    self._observe(uid, shapes_of_request(parsed))
         if isinstance(parsed, RequestError):
             raise parsed
         return parsed

@@ -44,7 +44,7 @@ class Units:
 @dataclass(frozen=True, slots=True)
 class ContainerRequest:
     container: str
-    init: bool
+    init: bool  # a regular init container (not a sidecar): runs alone, before the apps
     request: Request
 
 
@@ -72,6 +72,20 @@ def pod_key(pod: dict[str, Any]) -> str:
 def request_name(key: str, container: str) -> str:
     """The ledger name of one container's request: namespace/pod/container."""
     return f"{key}/{container}"
+
+
+def regular_init_names(pod: dict[str, Any]) -> frozenset[str]:
+    """The init containers that run to completion before the app containers start.
+
+    Sidecars (``restartPolicy: Always``) keep running beside the app containers, so they are
+    not among them: they hold their share like an app container (extender/charges.py).
+    """
+    spec = pod.get("spec") or {}
+    return frozenset(
+        str(container.get("name") or "")
+        for container in spec.get("initContainers") or []
+        if container.get("restartPolicy") != "Always"
+    )
 
 
 def _quantity(value: Any, resource: str, container: str) -> int:
@@ -117,7 +131,8 @@ def parse_pod(pod: dict[str, Any], units: Units | None = None) -> PodRequest:
     policy = annotations.get(protocol.ANNOTATION_POLICY) or None
     containers: list[ContainerRequest] = []
     seen: set[str] = set()
-    for init, field in ((True, "initContainers"), (False, "containers")):
+    init_names = regular_init_names(pod)
+    for field in ("initContainers", "containers"):
         for container in spec.get(field) or []:
             name = str(container.get("name") or "")
             if name in seen:
@@ -125,7 +140,7 @@ def parse_pod(pod: dict[str, Any], units: Units | None = None) -> PodRequest:
             seen.add(name)
             request = _container_request(key, name, _resources(container), gpu_count, models, units)
             if request is not None:
-                containers.append(ContainerRequest(name, init, request))
+                containers.append(ContainerRequest(name, name in init_names, request))
     if gpu_count is not None and not any(not c.request.exclusive for c in containers):
         raise RequestError(
             f"annotation {protocol.ANNOTATION_GPU_COUNT} set but no container asks for "

@@ -11,7 +11,6 @@ lock orders them. A body that is not JSON, not the verb's shape, or larger than
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+import orjson
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -30,6 +30,7 @@ from prometheus_client import (
 from gpushare import protocol
 from gpushare.extender import verbs
 from gpushare.extender.cache import ClusterCache
+from gpushare.extender.nudge import CapacityNudger
 
 log = logging.getLogger("gpushare.extender")
 
@@ -39,11 +40,11 @@ NOT_LEADER = "this gpushare extender replica is not the leader; try again"
 
 
 class Binder(Protocol):
-    """The two API calls of a bind (watch.KubeBinder against a real API server)."""
+    """The bind's API calls (watch.KubeBinder against a real API server)."""
 
-    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None: ...
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
+    ) -> None: ...
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 
@@ -77,9 +78,11 @@ class Extender:
         cache: ClusterCache,
         binder: Binder | None = None,
         is_leader: Callable[[], bool] | None = None,
+        nudger: CapacityNudger | None = None,
     ) -> None:
         self.cache = cache
         self.binder = binder
+        self.nudger = nudger
         # None: no leader election (one replica), always answer.
         self.is_leader = is_leader
         self.metrics = Metrics()
@@ -97,6 +100,8 @@ class Extender:
             return {"nodenames": [], "failedNodes": {}, "error": NOT_SYNCED}
         result = verbs.filter_nodes(self.cache, body)
         if not result["nodenames"]:
+            if result.get("failedNodes") and self.nudger is not None:
+                self.nudger.refused()  # waits for room: say when some comes free
             unresolvable = bool(result.get("failedAndUnresolvableNodes"))
             self.metrics.failures.labels("unresolvable" if unresolvable else "no_fit").inc()
             log.info("filter: %s", verbs.no_fit_message(result))
@@ -126,20 +131,18 @@ class Extender:
             self.cache.forget(args.key, args.uid)
             return {"error": "the extender has no API client; cannot bind"}
         try:
-            binder.annotate(args.namespace, args.name, dict(annotations))
-            if not self.leading:  # lost the lease during the bind: no Binding after all
+            if not self.leading:  # lost the lease since the verb began: no Binding
                 raise RuntimeError(NOT_LEADER)
-            binder.bind(args.namespace, args.name, args.uid, args.node)
+            # One call: the API server sets spec.nodeName and the Binding's annotations on the
+            # pod in the same update, so a pod is never bound without its allocation, nor
+            # annotated without being bound.
+            binder.bind(args.namespace, args.name, args.uid, args.node, dict(annotations))
         except Exception as error:
             self.cache.forget(args.key, args.uid)
             self.metrics.failures.labels("api_error").inc()
             log.warning(
                 "bind %s to %s failed, assumption rolled back: %s", args.key, args.node, error
             )
-            try:
-                binder.annotate(args.namespace, args.name, dict.fromkeys(annotations))
-            except Exception as cleanup:
-                log.info("bind %s: could not clear its annotations: %s", args.key, cleanup)
             return {"error": f"binding pod {args.key} to {args.node}: {error}"}
         self.metrics.placements.inc()
         log.info(
@@ -176,7 +179,7 @@ def _handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
             log.warning("%s %s: %d %s", self.command, self.path, status, message)
             if close:
                 self.close_connection = True
-            self._send(status, json.dumps({"error": message}).encode())
+            self._send(status, orjson.dumps({"error": message}))
 
         def do_GET(self) -> None:
             if self.path == "/healthz":
@@ -214,9 +217,9 @@ def _handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
                 return
             began = time.perf_counter()
             try:
-                body = json.loads(raw)
+                body = orjson.loads(raw)
                 result = route(body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            except orjson.JSONDecodeError as error:  # also bad UTF-8
                 self._reject(400, f"body is not JSON: {error}")
                 return
             except verbs.VerbError as error:
@@ -228,7 +231,7 @@ def _handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
                 return
             finally:
                 extender.metrics.latency.labels(verb).observe(time.perf_counter() - began)
-            self._send(200, json.dumps(result).encode())
+            self._send(200, orjson.dumps(result))
 
     return Handler
 

@@ -24,7 +24,8 @@ import numpy as np
 
 from gpushare import protocol
 from gpushare.extender.cache import ClusterCache
-from gpushare.extender.requests import PodRequest, RequestError
+from gpushare.extender.charges import INIT_CHARGE_NAME, init_excess
+from gpushare.extender.requests import ContainerRequest, PodRequest, RequestError
 from gpushare.model import Allocation, CapacityError, Request
 from gpushare.placement.engine import NoFit, Placer
 from gpushare.placement.policies import PolicyError
@@ -90,34 +91,82 @@ def _unusable_reason(cache: ClusterCache, name: str) -> str:
     return f"gpushare not usable: {info.problem}"
 
 
+@dataclass(slots=True)
+class PodPlacement:
+    """A pod placed on one node: each GPU container's allocation and the ledger's charges."""
+
+    containers: dict[str, Allocation]
+    charges: dict[str, Allocation]
+
+
 def _try_on_node(
     placer: Placer, pod: PodRequest, index: int, keep: bool
-) -> tuple[dict[str, Allocation], str | None, bool]:
-    """Place every GPU container of the pod on one node, in order.
+) -> tuple[PodPlacement | None, str | None, bool]:
+    """Place every GPU container of the pod on one node: app containers, then init ones.
 
-    Returns the allocations (reserved in the ledger when ``keep``), or the first failing
-    container's reason and whether it can never fit there. Without ``keep`` nothing stays
-    reserved; with it, nothing stays reserved on failure.
+    Each regular init container is decided with the pod's own shares set aside, since it
+    runs before them and may reuse their capacity; the ledger then holds only what it needs
+    beyond them (extender/charges.py). Returns the placement (its charges reserved in the
+    ledger when ``keep``), or the first failing container's reason and whether it can never
+    fit there. Without ``keep`` nothing stays reserved; with it, nothing on failure.
     """
+    ledger = placer.ledger
     candidates = np.array([index])
-    made: dict[str, Allocation] = {}
+    node = ledger.nodes[index].name
+    apps: dict[str, Allocation] = {}
+    inits: dict[str, Allocation] = {}
+    reserved: list[str] = []  # ledger names currently held for this pod
+
+    def release_all() -> None:
+        for name in reserved:
+            ledger.release(name)
+        reserved.clear()
+
+    def reserve(allocations: list[Allocation]) -> None:
+        for allocation in allocations:
+            ledger.reserve(allocation)
+            reserved.append(allocation.request_name)
+
+    def no_fit(item: ContainerRequest) -> tuple[None, str, bool]:
+        reason = placer.reason(item.request, index) or "does not fit"
+        if len(pod.containers) > 1:
+            reason = f"container {item.container}: {reason}"
+        return None, reason, _never_fits(placer, item.request, index)
+
     try:
         for item in pod.containers:
+            if item.init:
+                continue
             decision = placer.decide(item.request, candidates)
             if isinstance(decision, NoFit):
-                reason = placer.reason(item.request, index) or "does not fit"
-                if len(pod.containers) > 1:
-                    reason = f"container {item.container}: {reason}"
-                return {}, reason, _never_fits(placer, item.request, index)
-            placer.ledger.reserve(decision.allocation)
-            made[item.container] = decision.allocation
-        result = dict(made)
+                return no_fit(item)
+            reserve([decision.allocation])
+            apps[item.container] = decision.allocation
+        excess: Allocation | None = None
+        for item in pod.containers:
+            if not item.init:
+                continue
+            release_all()
+            decision = placer.decide(item.request, candidates)
+            reserve(list(apps.values()) + ([excess] if excess is not None else []))
+            if isinstance(decision, NoFit):
+                return no_fit(item)
+            inits[item.container] = decision.allocation
+            if excess is not None:
+                ledger.release(excess.request_name)
+                reserved.remove(excess.request_name)
+            excess = init_excess(pod.key, node, apps, inits)
+            if excess is not None:
+                reserve([excess])
+        charges: dict[str, Allocation] = dict(apps)
+        if excess is not None:
+            charges[INIT_CHARGE_NAME] = excess
+        placement = PodPlacement({**apps, **inits}, charges)
         if keep:
-            made.clear()
-        return result, None, False
+            reserved.clear()
+        return placement, None, False
     finally:
-        for allocation in made.values():
-            placer.ledger.release(allocation.request_name)
+        release_all()
 
 
 def filter_nodes(cache: ClusterCache, body: Any) -> dict[str, Any]:
@@ -283,12 +332,13 @@ def decide_bind(
         except PolicyError as error:
             raise BindError(str(error)) from None
         try:
-            allocations, reason, _ = _try_on_node(placer, request, index, keep=True)
+            placement, reason, _ = _try_on_node(placer, request, index, keep=True)
         except CapacityError as error:
             raise BindError(f"node {args.node}: {error}") from None
-        if reason is not None:
+        if placement is None:
             raise BindError(f"node {args.node}: {reason}")
-        cache.assume(args.key, args.uid, args.node, allocations)
+        cache.assume(args.key, args.uid, args.node, placement.charges)
+        allocations = placement.containers
         node_info = cache.nodes.get(args.node)
         gpus = node_info.node.gpus if node_info is not None and node_info.node else ()
     assume_time = str(time.time_ns())

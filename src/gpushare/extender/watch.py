@@ -31,14 +31,15 @@ class KubeBinder:
     def __init__(self, client: Client) -> None:
         self.client = client
 
-    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
-        self.client.patch(
-            Pod, name, {"metadata": {"annotations": annotations}}, namespace=namespace
-        )
+    def annotate_node(self, name: str, annotations: dict[str, str]) -> None:
+        self.client.patch(Node, name, {"metadata": {"annotations": annotations}})
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
+    ) -> None:
+        """Bind the pod and set its annotations in one update (the Binding carries them)."""
         binding = PodBinding(
-            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
+            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid, annotations=annotations),
             target=ObjectReference(kind="Node", name=node, apiVersion="v1"),
         )
         # The API server answers a Binding with a Status, which lightkube's create() would

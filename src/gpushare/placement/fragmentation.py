@@ -13,7 +13,7 @@ states of one node with numpy, and memoised by node state in ``FragmentationCach
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,18 +71,7 @@ class TargetWorkload:
         """
         requests = list(requests)
         counts = Counter(Shape.of(request) for request in requests)
-        total = sum(counts.values())
-        shapes: list[Shape] = []
-        weights: list[float] = []
-        covered = 0
-        # Ties in frequency are broken by the shape's fields so the result is deterministic.
-        ordered = sorted(counts.items(), key=lambda item: (-item[1], _shape_sort_key(item[0])))
-        for shape, count in ordered:
-            if total and covered / total >= coverage:
-                break
-            shapes.append(shape)
-            weights.append(count)
-            covered += count
+        typical = cls.from_shape_counts(counts, coverage)
         gpus = cpu_milli = host_memory_mib = 0.0
         for request in requests:
             if request.uses_gpu:
@@ -90,13 +79,35 @@ class TargetWorkload:
                 gpus += request.gpu_count * per_gpu
                 cpu_milli += request.cpu_milli
                 host_memory_mib += request.memory_mib
-        # Weights are shares of the typical tasks, as in the paper's simulator.
         return cls(
-            tuple(shapes),
-            tuple(w / covered for w in weights),
+            typical.shapes,
+            typical.weights,
             cpu_milli_per_gpu=cpu_milli / gpus if gpus else 0.0,
             host_memory_mib_per_gpu=host_memory_mib / gpus if gpus else 0.0,
         )
+
+    @classmethod
+    def from_shape_counts(
+        cls, counts: Mapping[Shape, int], coverage: float = DEFAULT_COVERAGE
+    ) -> TargetWorkload:
+        """The most frequent shapes that together cover ``coverage`` of the counted tasks; no
+        host CPU or memory per GPU (for callers that leave those to someone else)."""
+        total = sum(counts.values())
+        shapes: list[Shape] = []
+        weights: list[int] = []
+        covered = 0
+        # Ties in frequency are broken by the shape's fields so the result is deterministic.
+        ordered = sorted(counts.items(), key=lambda item: (-item[1], _shape_sort_key(item[0])))
+        for shape, count in ordered:
+            if total and covered / total >= coverage:
+                break
+            if count <= 0:
+                continue
+            shapes.append(shape)
+            weights.append(count)
+            covered += count
+        # Weights are shares of the typical tasks, as in the paper's simulator.
+        return cls(tuple(shapes), tuple(w / covered for w in weights))
 
 
 def _shape_sort_key(shape: Shape) -> tuple:
