@@ -59,3 +59,17 @@ def test_label_value() -> None:
     assert protocol.label_value("Tesla V100/SXM2 32GB") == "Tesla-V100-SXM2-32GB"
     assert protocol.label_value("-x-") == "x"
     assert len(protocol.label_value("a" * 100)) == 63
+
+
+def test_every_name_in_the_contract_is_documented() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "protocol.md").read_text()
+    names = {
+        constant: value
+        for constant, value in vars(protocol).items()
+        if constant.startswith(("ANNOTATION_", "LABEL_", "RESOURCE_", "ALIYUN_"))
+        and isinstance(value, str)
+    }
+    missing = sorted(f"{c} ({v})" for c, v in names.items() if v not in text)
+    assert not missing, f"docs/protocol.md does not mention: {', '.join(missing)}"
