@@ -62,6 +62,7 @@ def test_up_status_up_kill_up_down(cli_env: dict[str, str], state_dir: Path) -> 
     assert status.returncode == 0, status.stdout + status.stderr
     assert "running" in status.stdout and "2 (2 Ready)" in status.stdout
     before = pids(state_dir)
+    assert "extender" in before  # `cluster up` runs the extender unless --no-extender
     for name, pid in before.items():
         assert f"pid {pid}" in status.stdout, name
 
@@ -92,7 +93,8 @@ def test_up_status_up_kill_up_down(cli_env: dict[str, str], state_dir: Path) -> 
 
     stopped = gpushare(cli_env, "cluster", "down", *where)
     assert stopped.returncode == 0, stopped.stderr
-    assert "stopped 4 process(es)" in stopped.stdout
+    # etcd, kube-apiserver, the gpushare extender, kube-scheduler, the heartbeat.
+    assert "stopped 5 process(es)" in stopped.stdout
     assert not state_dir.exists()
     assert processes_with(str(state_dir)) == []
 

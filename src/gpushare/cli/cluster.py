@@ -70,7 +70,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--no-extender",
         dest="extender",
         action="store_false",
-        help="run kube-scheduler without the gpushare extender (the default for now)",
+        help="run kube-scheduler without the gpushare extender",
     )
     extender.add_argument(
         "--extender",
@@ -78,7 +78,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run kube-scheduler with the gpushare extender of "
         "deploy/scheduler/kube-scheduler-config.yaml, and start that extender "
-        "(unless --extender-url names one that runs elsewhere)",
+        "(unless --extender-url names one that runs elsewhere); the default",
     )
     up.add_argument(
         "--extender-url",
@@ -86,7 +86,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         f"{protocol.EXTENDER_DEFAULT_PORT}{protocol.EXTENDER_PATH_PREFIX})",
     )
     up.add_argument("--bin-dir", type=Path, help="use etcd/kube-* from this folder")
-    up.set_defaults(run=run_up, extender=False)
+    up.set_defaults(run=run_up, extender=True)
 
     down = actions.add_parser(
         "down",
