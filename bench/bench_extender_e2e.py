@@ -12,11 +12,16 @@ Two local clusters (`gpushare cluster up`, each in a fresh temporary state dir, 
   `gpushare.io/gpu-core`), which kube-scheduler sends to the extender's filter, prioritize and
   bind (the extender annotates the pod, then posts the Binding).
 
-Pods are created by --writers threads, each with its own client, as fast as the API server
-takes them. A watch on the namespace, started from the resourceVersion of a list made before
-the first create, counts pods as their spec.nodeName appears; no sleeps. The rate is N over the
-time from the first create to the last bind seen. The create rate alone is printed too: if it
-were the limit, both rates would be near it.
+Scheduling, not creating, is measured: every node is cordoned (spec.unschedulable) while
+--writers threads create the N pods, and the clock starts when the nodes are uncordoned
+(kube-scheduler then has N pods queued). A watch on the namespace, started from the
+resourceVersion of a list made before the first create, counts pods as their spec.nodeName
+appears; no sleeps. The rate is N over the time from the first uncordon to the last bind seen.
+With --no-cordon pods are created into a schedulable cluster and the clock starts at the first
+create (the create rate is then printed too: if it were the limit, both rates would be near
+it). Both clusters use deploy/scheduler/kube-scheduler-config.yaml, whose clientConnection
+qps/burst bound how fast kube-scheduler itself posts Bindings (plain pods); the extender binds
+gpushare pods through its own client.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lightkube import Client, KubeConfig
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Namespace, Node, Pod
 
 from gpushare import protocol
 from gpushare.cluster.binaries import find_bin_dir
@@ -85,11 +90,28 @@ def container_pod(name: str, limits: dict[str, str]) -> dict:
     }
 
 
-def measure(kubeconfig: Path, count: int, make_pod, writers: int, timeout: float) -> dict:
+def set_cordon(config: KubeConfig, nodes: list[str], cordoned: bool, writers: int) -> None:
+    local = threading.local()
+
+    def patch(name: str) -> None:
+        if not hasattr(local, "client"):
+            local.client = Client(config=config, field_manager="bench")
+        local.client.patch(Node, name, {"spec": {"unschedulable": cordoned or None}})
+
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        list(pool.map(patch, nodes))
+
+
+def measure(
+    kubeconfig: Path, count: int, make_pod, writers: int, timeout: float, cordon: bool
+) -> dict:
     """Create ``count`` pods; return timings, counting binds with a watch."""
     config = KubeConfig.from_file(kubeconfig)
     client = Client(config=config, field_manager="bench")
     client.create(Namespace(metadata={"name": NAMESPACE}))  # type: ignore[arg-type]
+    nodes = [node.metadata.name for node in client.list(Node)]
+    if cordon:
+        set_cordon(config, nodes, True, writers)
     listing = client.list(Pod, namespace=NAMESPACE)
     list(listing)
     version = listing.resourceVersion
@@ -125,6 +147,11 @@ def measure(kubeconfig: Path, count: int, make_pod, writers: int, timeout: float
     with ThreadPoolExecutor(max_workers=writers) as pool:
         created = list(pool.map(create, pods))
     created_s = max(created) - began
+    if cordon:
+        if bound:
+            raise RuntimeError(f"{len(bound)} pod(s) bound while every node was cordoned")
+        began = time.perf_counter()
+        set_cordon(config, nodes, False, writers)
     if not done.wait(timeout):
         raise RuntimeError(f"only {len(bound)} of {count} pods bound after {timeout:.0f} s")
     if failure:
@@ -148,7 +175,12 @@ def run_cluster(env: dict[str, str], tmp: str, label: str, options, extender: bo
         up_s = gpushare(env, "up", *where, *flags)
         print(f"{label}: cluster up in {up_s:.1f} s", flush=True)
         result = measure(
-            state_dir / "kubeconfig", options.pods, make_pod, options.writers, options.timeout
+            state_dir / "kubeconfig",
+            options.pods,
+            make_pod,
+            options.writers,
+            options.timeout,
+            options.cordon,
         )
     finally:
         try:
@@ -171,6 +203,12 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--writers", type=int, default=8, help="threads creating pods")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for binds")
+    parser.add_argument(
+        "--no-cordon",
+        dest="cordon",
+        action="store_false",
+        help="create pods into a schedulable cluster (clock from the first create)",
+    )
     options = parser.parse_args()
 
     bin_dir = find_bin_dir()
@@ -184,7 +222,8 @@ def main() -> None:
         plain = run_cluster(env, tmp, "plain", options, False, plain_pod)
         shared = run_cluster(env, tmp, "gpushare", options, True, gpushare_pod)
     ratio = shared["bind_rate"] / plain["bind_rate"]
-    print("| pods | scheduler | pods/s bound (first create to last bind) | create rate |")
+    start = "first uncordon" if options.cordon else "first create"
+    print(f"| pods | scheduler | pods/s bound ({start} to last bind) | create rate |")
     print("| --- | --- | --- | --- |")
     for name, label, result in (
         ("plain (no GPU)", "kube-scheduler", plain),
