@@ -90,6 +90,39 @@ def container_pod(name: str, limits: dict[str, str]) -> dict:
     }
 
 
+def cpu_seconds(state_dir: Path) -> dict[str, float]:
+    """CPU time (user + system) each process of the cluster has used so far."""
+    import json
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    state = json.loads((state_dir / "state.json").read_text())
+    used = {}
+    for name, record in state["processes"].items():
+        try:
+            fields = Path(f"/proc/{record['pid']}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        used[name] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
+def extender_verb_ms() -> dict[str, float]:
+    """Mean time the extender took to answer each verb, from its /metrics (server side)."""
+    import urllib.request
+
+    url = f"http://127.0.0.1:{protocol.EXTENDER_DEFAULT_PORT}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        for suffix, into in (("_sum", sums), ("_count", counts)):
+            prefix = f"gpushare_extender_request_seconds{suffix}{{verb="
+            if line.startswith(prefix):
+                verb = line[len(prefix) :].split('"')[1]
+                into[verb] = float(line.rsplit(" ", 1)[1])
+    return {verb: 1000 * sums[verb] / counts[verb] for verb in counts if counts[verb]}
+
+
 def set_cordon(config: KubeConfig, nodes: list[str], cordoned: bool, writers: int) -> None:
     local = threading.local()
 
@@ -103,10 +136,10 @@ def set_cordon(config: KubeConfig, nodes: list[str], cordoned: bool, writers: in
 
 
 def measure(
-    kubeconfig: Path, count: int, make_pod, writers: int, timeout: float, cordon: bool
+    state_dir: Path, count: int, make_pod, writers: int, timeout: float, cordon: bool
 ) -> dict:
     """Create ``count`` pods; return timings, counting binds with a watch."""
-    config = KubeConfig.from_file(kubeconfig)
+    config = KubeConfig.from_file(state_dir / "kubeconfig")
     client = Client(config=config, field_manager="bench")
     client.create(Namespace(metadata={"name": NAMESPACE}))  # type: ignore[arg-type]
     nodes = [node.metadata.name for node in client.list(Node)]
@@ -147,6 +180,7 @@ def measure(
     with ThreadPoolExecutor(max_workers=writers) as pool:
         created = list(pool.map(create, pods))
     created_s = max(created) - began
+    cpu_before = cpu_seconds(state_dir)
     if cordon:
         if bound:
             raise RuntimeError(f"{len(bound)} pod(s) bound while every node was cordoned")
@@ -157,7 +191,18 @@ def measure(
     if failure:
         raise RuntimeError(f"watch failed: {failure[0]}")
     last = max(bound.values())
+    cpu_after = cpu_seconds(state_dir)
+    verb_ms = extender_verb_ms() if "extender" in cpu_after else {}
+    window = last - began
+    # Share of one core each component used while the pods were scheduled.
+    cpu = {
+        name: (cpu_after[name] - cpu_before.get(name, 0.0)) / window
+        for name in cpu_after
+        if name in cpu_before
+    }
     return {
+        "verb_ms": verb_ms,
+        "cpu": cpu,
         "pods": count,
         "create_s": created_s,
         "bound_s": last - began,
@@ -175,7 +220,7 @@ def run_cluster(env: dict[str, str], tmp: str, label: str, options, extender: bo
         up_s = gpushare(env, "up", *where, *flags)
         print(f"{label}: cluster up in {up_s:.1f} s", flush=True)
         result = measure(
-            state_dir / "kubeconfig",
+            state_dir,
             options.pods,
             make_pod,
             options.writers,
@@ -190,7 +235,11 @@ def run_cluster(env: dict[str, str], tmp: str, label: str, options, extender: bo
     print(
         f"{label}: {result['pods']} pods created in {result['create_s']:.1f} s "
         f"({result['create_rate']:.0f}/s), all bound after {result['bound_s']:.1f} s "
-        f"({result['bind_rate']:.1f} pods/s)",
+        f"({result['bind_rate']:.1f} pods/s); CPU (cores): "
+        + ", ".join(f"{name} {share:.2f}" for name, share in sorted(result["cpu"].items()))
+        + "".join(
+            f"; {verb} {ms:.2f} ms mean (server side)" for verb, ms in result["verb_ms"].items()
+        ),
         flush=True,
     )
     return result

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from gpushare import protocol
 from gpushare.extender.charges import INIT_CHARGE_NAME, pod_charges
 from gpushare.extender.requests import (
@@ -175,6 +177,8 @@ class ClusterCache:
         self.pods: dict[str, PodState] = {}
         self.ledger = Ledger([])
         self._placers: dict[str, Placer] = {}
+        self.policy_names: list[str] = []  # the node policies seen, by id
+        self._policy_ids: np.ndarray | None = None  # each ledger node's policy id
         self._requests: dict[str, PodRequest | RequestError] = {}  # by pod uid
         self.synced = {"nodes": False, "pods": False}
         self._seen_shapes: dict[str, tuple[Shape, ...]] = {}  # by pod uid, oldest first
@@ -188,11 +192,28 @@ class ClusterCache:
 
     # -- nodes -----------------------------------------------------------------------------
 
+    def node_policy_ids(self) -> np.ndarray:
+        """Each ledger node's policy (label) as an index into ``policy_names``."""
+        with self.lock:
+            if self._policy_ids is None:
+                ids = {name: i for i, name in enumerate(self.policy_names)}
+                for info in self.nodes.values():
+                    if info.policy not in ids:
+                        ids[info.policy] = len(self.policy_names)
+                        self.policy_names.append(info.policy)
+                self._policy_ids = np.array(
+                    [ids[self.nodes[node.name].policy] for node in self.ledger.nodes],
+                    dtype=np.int64,
+                )
+            return self._policy_ids
+
     def upsert_node(self, obj: dict[str, Any]) -> None:
         info = node_info(obj)
         with self.lock:
             old = self.nodes.get(info.name)
             self.nodes[info.name] = info
+            if old is None or old.policy != info.policy:
+                self._policy_ids = None
             if old is None or old.node != info.node:
                 if info.problem and (old is None or old.problem != info.problem):
                     log.info("node %s: not used: %s", info.name, info.problem)
@@ -214,6 +235,7 @@ class ClusterCache:
         usable = [info.node for _, info in sorted(self.nodes.items()) if info.node is not None]
         self.ledger = Ledger(usable)
         self._placers.clear()
+        self._policy_ids = None
         for state in self.pods.values():
             state.in_ledger = False
             self._enter(state)

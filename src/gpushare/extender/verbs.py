@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -55,9 +56,16 @@ def _args(body: Any) -> tuple[dict[str, Any], list[str]]:
         nodes = _field(body, "nodes", "Nodes") or {}
         items = nodes.get("items") if isinstance(nodes, dict) else None
         names = [((n or {}).get("metadata") or {}).get("name") for n in items or []]
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    # set(map(type, ...)) runs in C: a per-name Python check costs 0.2 ms for 1000 nodes.
+    if not isinstance(names, list) or not set(map(type, names)) <= {str}:
         raise VerbError("ExtenderArgs: nodenames must be a list of strings")
     return pod, names
+
+
+def _indices(cache: ClusterCache, names: list[str]) -> np.ndarray:
+    """Each name's node index in the ledger, -1 for a node gpushare does not use."""
+    found = map(cache.ledger.node_index.get, names, repeat(-1))  # in C: no per-name bytecode
+    return np.fromiter(found, dtype=np.int64, count=len(names))
 
 
 def filter_args(body: Any) -> tuple[dict[str, Any], list[str]]:
@@ -185,7 +193,6 @@ def filter_nodes(cache: ClusterCache, body: Any) -> dict[str, Any]:
     if not request.uses_gpu:
         return {"nodenames": names, "failedNodes": {}}
     with cache.lock:
-        ledger = cache.ledger
         try:
             placer = cache.placer(request.policy or protocol.DEFAULT_NODE_POLICY)
         except PolicyError as error:
@@ -194,27 +201,33 @@ def filter_nodes(cache: ClusterCache, body: Any) -> dict[str, Any]:
                 "failedNodes": {},
                 "failedAndUnresolvableNodes": dict.fromkeys(names, str(error)),
             }
-        single = len(request.containers) == 1
-        if single:
+        indices = _indices(cache, names)
+        known = indices >= 0
+        if len(request.containers) == 1:
             only = request.containers[0].request
             fits, eligible = placer.feasible(only)
-        for name in names:
-            index = ledger.node_index.get(name)
-            if index is None:
-                unresolvable[name] = _unusable_reason(cache, name)
-                continue
-            if single:
-                if fits[index]:
-                    passed.append(name)
+            ok = known.copy()
+            ok[known] = fits[indices[known]]
+            passed = [name for name, good in zip(names, ok.tolist(), strict=True) if good]
+            # Reasons only for the nodes that fail (the message of a pod that waits).
+            for position in np.flatnonzero(~ok).tolist():
+                name, index = names[position], int(indices[position])
+                if index < 0:
+                    unresolvable[name] = _unusable_reason(cache, name)
                     continue
                 reason = placer.reason(only, index, eligible) or "does not fit"
                 never = _never_fits(placer, only, index)
-            else:
+                (unresolvable if never else failed)[name] = reason
+        else:
+            for name, index in zip(names, indices.tolist(), strict=True):
+                if index < 0:
+                    unresolvable[name] = _unusable_reason(cache, name)
+                    continue
                 _, reason, never = _try_on_node(placer, request, index, keep=False)
                 if reason is None:
                     passed.append(name)
                     continue
-            (unresolvable if never else failed)[name] = reason
+                (unresolvable if never else failed)[name] = reason
     result: dict[str, Any] = {"nodenames": passed, "failedNodes": failed}
     if unresolvable:
         result["failedAndUnresolvableNodes"] = unresolvable
@@ -233,44 +246,49 @@ def no_fit_message(result: dict[str, Any]) -> str:
 
 def prioritize(cache: ClusterCache, body: Any) -> list[dict[str, Any]]:
     pod, names = _args(body)
-    scores = dict.fromkeys(names, 0)
     try:
         request = cache.pod_request(pod)
     except RequestError:
         return [{"host": name, "score": 0} for name in names]
     if not request.uses_gpu:
         return [{"host": name, "score": 0} for name in names]
+    scores = np.zeros(len(names), dtype=np.int64)
     with cache.lock:
-        ledger = cache.ledger
-        groups: dict[str, list[int]] = {}
-        for name in names:
-            index = ledger.node_index.get(name)
-            if index is not None:
-                groups.setdefault(_policy(cache, request, name), []).append(index)
-        for policy, indices in groups.items():
+        indices = _indices(cache, names)
+        positions = np.flatnonzero(indices >= 0)
+        if request.policy:
+            groups = {request.policy: positions}
+        else:
+            # Nodes by their policy label: usually one group, the default.
+            policy_ids = cache.node_policy_ids()[indices[positions]]
+            groups = {
+                cache.policy_names[policy_id]: positions[policy_ids == policy_id]
+                for policy_id in np.unique(policy_ids).tolist()
+            }
+        for policy, chosen in groups.items():
             try:
                 placer = cache.placer(policy)
             except PolicyError:
                 continue
-            nodes = np.array(indices)
+            nodes = indices[chosen]
             feasible = np.ones(len(nodes), dtype=bool)
             for item in request.containers:
                 fits, _ = placer.feasible(item.request)
                 feasible &= fits[nodes]
             if not feasible.any():
                 continue
-            nodes = nodes[feasible]
+            nodes, chosen = nodes[feasible], chosen[feasible]
             total = np.zeros(len(nodes))
             for item in request.containers:
                 total += placer.scores(item.request, nodes)
             low, high = float(total.min()), float(total.max())
             if high - low < 1e-12:
-                scaled = np.full(len(nodes), MAX_EXTENDER_PRIORITY)
+                scores[chosen] = MAX_EXTENDER_PRIORITY
             else:
-                scaled = np.rint((total - low) * MAX_EXTENDER_PRIORITY / (high - low))
-            for index, score in zip(nodes.tolist(), scaled.tolist(), strict=True):
-                scores[ledger.nodes[index].name] = int(score)
-    return [{"host": name, "score": score} for name, score in scores.items()]
+                scores[chosen] = np.rint((total - low) * MAX_EXTENDER_PRIORITY / (high - low))
+    return [
+        {"host": name, "score": score} for name, score in zip(names, scores.tolist(), strict=True)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
