@@ -346,3 +346,15 @@ def test_exclusive_init_container_beside_a_shared_app_keeps_others_off_that_gpu(
         assert _free_gib(rebuilt, 0, index) == _free_gib(cache, 0, index) + (
             1 if index == other["index"] else 0
         )
+
+
+def test_candidate_limit_passes_only_the_policys_best_nodes() -> None:
+    cache = make_cache(node("n1"), node("n2"), node("n3"))
+    binder = FakeBinder()
+    bound(cache, binder, pod("a", container(mem=8)), "n2")
+    bound(cache, binder, pod("b", container(mem=4)), "n3")
+    body = args(pod("c", container(mem=2)), "n1", "n2", "n3")
+    assert verbs.filter_nodes(cache, body)["nodenames"] == ["n1", "n2", "n3"]
+    assert verbs.filter_nodes(cache, body, candidate_limit=1)["nodenames"] == ["n2"]  # binpack
+    assert verbs.filter_nodes(cache, body, candidate_limit=2)["nodenames"] == ["n2", "n3"]
+    assert verbs.filter_nodes(cache, body, candidate_limit=5)["nodenames"] == ["n1", "n2", "n3"]

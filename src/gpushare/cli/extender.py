@@ -50,6 +50,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "(default: $GPUSHARE_COMPAT_ALIYUN, else off)",
     )
     parser.add_argument(
+        "--candidate-nodes",
+        type=int,
+        default=int(os.environ.get("GPUSHARE_EXTENDER_CANDIDATE_NODES", "0") or 0),
+        metavar="N",
+        help="filter passes at most N nodes, those the GPU placement policy scores highest, "
+        "so kube-scheduler scores N nodes instead of every node that fits (0: all; default "
+        "$GPUSHARE_EXTENDER_CANDIDATE_NODES, else 0)",
+    )
+    parser.add_argument(
         "--resync", type=float, default=300.0, help="seconds between full relists (default 300)"
     )
     parser.add_argument(
@@ -126,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     nudger = CapacityNudger(binder.annotate_node, is_leader)
     cache.on_freed = nudger.freed
     try:
-        server = make_server(Extender(cache, binder, is_leader, nudger), host, port, prefix)
+        extender = Extender(cache, binder, is_leader, nudger, max(0, args.candidate_nodes))
+        server = make_server(extender, host, port, prefix)
     except OSError as error:
         print(f"gpushare extender: error: cannot listen on {host}:{port}: {error}", file=sys.stderr)
         return 1

@@ -79,10 +79,13 @@ class Extender:
         binder: Binder | None = None,
         is_leader: Callable[[], bool] | None = None,
         nudger: CapacityNudger | None = None,
+        candidate_limit: int = 0,
     ) -> None:
         self.cache = cache
         self.binder = binder
         self.nudger = nudger
+        # > 0: filter passes at most this many nodes, the GPU policy's best (0: all that fit).
+        self.candidate_limit = candidate_limit
         # None: no leader election (one replica), always answer.
         self.is_leader = is_leader
         self.metrics = Metrics()
@@ -98,7 +101,7 @@ class Extender:
             verbs.filter_args(body)
             self.metrics.failures.labels("not_synced").inc()
             return {"nodenames": [], "failedNodes": {}, "error": NOT_SYNCED}
-        result = verbs.filter_nodes(self.cache, body)
+        result = verbs.filter_nodes(self.cache, body, self.candidate_limit)
         if not result["nodenames"]:
             if result.get("failedNodes") and self.nudger is not None:
                 self.nudger.refused()  # waits for room: say when some comes free

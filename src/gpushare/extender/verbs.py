@@ -177,7 +177,9 @@ def _try_on_node(
         release_all()
 
 
-def filter_nodes(cache: ClusterCache, body: Any) -> dict[str, Any]:
+def filter_nodes(cache: ClusterCache, body: Any, candidate_limit: int = 0) -> dict[str, Any]:
+    """Filter's answer; with ``candidate_limit``, only that many of the nodes that fit pass,
+    those the pod's GPU policy scores highest (best_candidates)."""
     pod, names = _args(body)
     passed: list[str] = []
     failed: dict[str, str] = {}
@@ -228,6 +230,8 @@ def filter_nodes(cache: ClusterCache, body: Any) -> dict[str, Any]:
                     passed.append(name)
                     continue
                 (unresolvable if never else failed)[name] = reason
+    if candidate_limit:
+        passed = best_candidates(cache, request, passed, candidate_limit)
     result: dict[str, Any] = {"nodenames": passed, "failedNodes": failed}
     if unresolvable:
         result["failedAndUnresolvableNodes"] = unresolvable
@@ -252,43 +256,63 @@ def prioritize(cache: ClusterCache, body: Any) -> list[dict[str, Any]]:
         return [{"host": name, "score": 0} for name in names]
     if not request.uses_gpu:
         return [{"host": name, "score": 0} for name in names]
-    scores = np.zeros(len(names), dtype=np.int64)
     with cache.lock:
-        indices = _indices(cache, names)
-        positions = np.flatnonzero(indices >= 0)
-        if request.policy:
-            groups = {request.policy: positions}
-        else:
-            # Nodes by their policy label: usually one group, the default.
-            policy_ids = cache.node_policy_ids()[indices[positions]]
-            groups = {
-                cache.policy_names[policy_id]: positions[policy_ids == policy_id]
-                for policy_id in np.unique(policy_ids).tolist()
-            }
-        for policy, chosen in groups.items():
-            try:
-                placer = cache.placer(policy)
-            except PolicyError:
-                continue
-            nodes = indices[chosen]
-            feasible = np.ones(len(nodes), dtype=bool)
-            for item in request.containers:
-                fits, _ = placer.feasible(item.request)
-                feasible &= fits[nodes]
-            if not feasible.any():
-                continue
-            nodes, chosen = nodes[feasible], chosen[feasible]
-            total = np.zeros(len(nodes))
-            for item in request.containers:
-                total += placer.scores(item.request, nodes)
-            low, high = float(total.min()), float(total.max())
-            if high - low < 1e-12:
-                scores[chosen] = MAX_EXTENDER_PRIORITY
-            else:
-                scores[chosen] = np.rint((total - low) * MAX_EXTENDER_PRIORITY / (high - low))
+        scores = _node_scores(cache, request, _indices(cache, names))
     return [
         {"host": name, "score": score} for name, score in zip(names, scores.tolist(), strict=True)
     ]
+
+
+def _node_scores(cache: ClusterCache, request: PodRequest, indices: np.ndarray) -> np.ndarray:
+    """Each node's score 0..10 by its policy (the pod's, else its label); 0 where it does not
+    fit or is not a gpushare node (index -1). Call with the cache's lock held."""
+    scores = np.zeros(len(indices), dtype=np.int64)
+    positions = np.flatnonzero(indices >= 0)
+    if request.policy:
+        groups = {request.policy: positions}
+    else:
+        # Nodes by their policy label: usually one group, the default.
+        policy_ids = cache.node_policy_ids()[indices[positions]]
+        groups = {
+            cache.policy_names[policy_id]: positions[policy_ids == policy_id]
+            for policy_id in np.unique(policy_ids).tolist()
+        }
+    for policy, chosen in groups.items():
+        try:
+            placer = cache.placer(policy)
+        except PolicyError:
+            continue
+        nodes = indices[chosen]
+        feasible = np.ones(len(nodes), dtype=bool)
+        for item in request.containers:
+            fits, _ = placer.feasible(item.request)
+            feasible &= fits[nodes]
+        if not feasible.any():
+            continue
+        nodes, chosen = nodes[feasible], chosen[feasible]
+        total = np.zeros(len(nodes))
+        for item in request.containers:
+            total += placer.scores(item.request, nodes)
+        low, high = float(total.min()), float(total.max())
+        if high - low < 1e-12:
+            scores[chosen] = MAX_EXTENDER_PRIORITY
+        else:
+            scores[chosen] = np.rint((total - low) * MAX_EXTENDER_PRIORITY / (high - low))
+    return scores
+
+
+def best_candidates(
+    cache: ClusterCache, request: PodRequest, passed: list[str], limit: int
+) -> list[str]:
+    """The ``limit`` nodes of ``passed`` that the pod's GPU policy scores highest, in their
+    original order; all of them when there are no more than ``limit``."""
+    if limit <= 0 or len(passed) <= limit:
+        return passed
+    with cache.lock:
+        scores = _node_scores(cache, request, _indices(cache, passed))
+    # Highest score first; among equals, the order kube-scheduler sent (stable sort).
+    keep = np.sort(np.argsort(-scores, kind="stable")[:limit])
+    return [passed[i] for i in keep.tolist()]
 
 
 @dataclass(frozen=True, slots=True)
