@@ -21,6 +21,10 @@
 #define MOCK_MAX_INTERVALS 4096    /* busy intervals kept per device (a ring) */
 #define MOCK_NAME_LEN 96
 #define MOCK_MIB (1024ull * 1024ull)
+#define MOCK_MAX_LINKS 18           /* NVML_NVLINK_MAX_LINKS */
+#define MOCK_MAX_XIDS 64            /* Xid events kept per device (a ring) */
+#define MOCK_DRIVER_VERSION_LEN 80
+#define MOCK_DEFAULT_NVML_DRIVER_VERSION "580.65.06"
 
 #define MOCK_DEFAULT_DRIVER_VERSION 12080
 #define MOCK_DEFAULT_CONTEXT_OVERHEAD_MIB 300
@@ -37,19 +41,25 @@ struct mock_device_config {
     int sm_count;
     uint64_t context_overhead_bytes;
     uint64_t kernel_time_ns;
+    /* Discovery (nvml_node.c): PCI address, NUMA node, NVLink peers (one link each). */
+    unsigned int pci_domain, pci_bus, pci_device;
+    int numa;                      /* -1: no NUMA affinity */
+    int nvlink_count;
+    int nvlink_peers[MOCK_MAX_LINKS]; /* device indices */
 };
 
 struct mock_config {
     int driver_version;
     int device_count;
     uint64_t util_window_ns;
+    char nvml_driver_version[MOCK_DRIVER_VERSION_LEN]; /* nvmlSystemGetDriverVersion */
     struct mock_device_config devices[MOCK_MAX_DEVICES];
 };
 
 /* ---- shared state (the memory-mapped state file) ----------------------------------------- */
 
 #define MOCK_STATE_MAGIC 0x4750554d4f434b31ull /* "GPUMOCK1" */
-#define MOCK_STATE_LAYOUT 1u
+#define MOCK_STATE_LAYOUT 2u /* 2: health records appended */
 
 struct mock_proc_record {
     _Atomic int32_t pid;           /* 0: free slot */
@@ -69,12 +79,20 @@ struct mock_device_shared {
     struct mock_proc_record procs[MOCK_MAX_PROCS];
 };
 
+/* Health, for NVML events: Xids injected by gpushareMockInjectXid, in a ring per device. */
+struct mock_device_health {
+    _Atomic uint64_t xid_count;             /* Xids ever injected; slot = count % MAX */
+    _Atomic uint64_t xids[MOCK_MAX_XIDS];
+    _Atomic uint32_t retirement_pending;    /* nvmlDeviceGetRetiredPagesPendingStatus */
+};
+
 struct mock_shared {
     _Atomic uint64_t magic;        /* written last, once the rest is initialised */
     uint32_t layout;
     uint32_t device_count;
     uint64_t size;
     struct mock_device_shared devices[MOCK_MAX_DEVICES];
+    struct mock_device_health health[MOCK_MAX_DEVICES];
 };
 
 /* ---- process snapshot for NVML ----------------------------------------------------------- */
@@ -108,6 +126,9 @@ unsigned int mock_utilization_locked(int device, uint64_t now_ns);
 unsigned int mock_processes_locked(int device, struct mock_proc_usage *out, unsigned int max);
 /* Drops every record of this process (at exit of the CUDA library). */
 void mock_release_own_locked(void);
+
+/* The device's health record in the state file (valid after mock_setup() returned 0). */
+struct mock_device_health *mock_health(int device);
 
 uint64_t mock_now_ns(void);
 void mock_sleep_until_ns(uint64_t deadline_ns);

@@ -158,6 +158,51 @@ static bool parse_device(const cJSON *entry, int index, struct mock_device_confi
         !get_integer(entry, "kernel_time_us", false, 0, 3600.0 * 1e6, MOCK_DEFAULT_KERNEL_TIME_US,
                      &kernel_us, problem, problem_len, index))
         return false;
+    double numa;
+    if (!get_integer(entry, "numa", false, -1, 1023, 0, &numa, problem, problem_len, index))
+        return false;
+    device->numa = (int)numa;
+    device->pci_domain = 0;
+    device->pci_bus = 0x10u + (unsigned int)index;
+    device->pci_device = 0;
+    const cJSON *bus_id = cJSON_GetObjectItemCaseSensitive(entry, "pci_bus_id");
+    if (bus_id) {
+        unsigned int domain = 0, bus = 0, dev = 0, function = 0;
+        int consumed = 0;
+        if (!cJSON_IsString(bus_id) ||
+            sscanf(bus_id->valuestring, "%8x:%2x:%2x.%1x%n", &domain, &bus, &dev, &function,
+                   &consumed) != 4 ||
+            bus_id->valuestring[consumed] != '\0' || function != 0 || dev > 0x1f) {
+            snprintf(problem, problem_len,
+                     "devices[%d]: \"pci_bus_id\" must look like 00000000:3B:00.0", index);
+            return false;
+        }
+        device->pci_domain = domain;
+        device->pci_bus = bus;
+        device->pci_device = dev;
+    }
+    const cJSON *peers = cJSON_GetObjectItemCaseSensitive(entry, "nvlink_peers");
+    device->nvlink_count = 0;
+    if (peers) {
+        if (!cJSON_IsArray(peers) || cJSON_GetArraySize(peers) > MOCK_MAX_LINKS) {
+            snprintf(problem, problem_len,
+                     "devices[%d]: \"nvlink_peers\" must be an array of at most %d device "
+                     "indices", index, MOCK_MAX_LINKS);
+            return false;
+        }
+        const cJSON *peer = NULL;
+        cJSON_ArrayForEach(peer, peers) {
+            double value = cJSON_IsNumber(peer) ? peer->valuedouble : -1;
+            if (value != floor(value) || value < 0 || value >= MOCK_MAX_DEVICES ||
+                (int)value == index) {
+                snprintf(problem, problem_len,
+                         "devices[%d]: \"nvlink_peers\" entries must be indices of other "
+                         "devices", index);
+                return false;
+            }
+            device->nvlink_peers[device->nvlink_count++] = (int)value;
+        }
+    }
     device->memory_bytes = (uint64_t)memory_mib * MOCK_MIB;
     device->sm_count = (int)sm_count;
     device->context_overhead_bytes = (uint64_t)overhead_mib * MOCK_MIB;
@@ -193,9 +238,33 @@ static bool parse_config(const char *text, struct mock_config *config, char *pro
         config->util_window_ns = (uint64_t)window_ms * 1000000u;
         config->device_count = cJSON_GetArraySize(devices);
         ok = true;
+        const cJSON *version = cJSON_GetObjectItemCaseSensitive(root, "nvml_driver_version");
+        if (!version) {
+            snprintf(config->nvml_driver_version, sizeof config->nvml_driver_version, "%s",
+                     MOCK_DEFAULT_NVML_DRIVER_VERSION);
+        } else if (!cJSON_IsString(version) || version->valuestring[0] == '\0' ||
+                   strlen(version->valuestring) >= MOCK_DRIVER_VERSION_LEN) {
+            snprintf(problem, problem_len,
+                     "\"nvml_driver_version\" must be a string of 1-%d chars",
+                     MOCK_DRIVER_VERSION_LEN - 1);
+            ok = false;
+        } else {
+            snprintf(config->nvml_driver_version, sizeof config->nvml_driver_version, "%s",
+                     version->valuestring);
+        }
         for (int i = 0; ok && i < config->device_count; i++)
             ok = parse_device(cJSON_GetArrayItem(devices, i), i, &config->devices[i], problem,
                               problem_len);
+        for (int i = 0; ok && i < config->device_count; i++) {
+            for (int k = 0; ok && k < config->devices[i].nvlink_count; k++) {
+                if (config->devices[i].nvlink_peers[k] >= config->device_count) {
+                    snprintf(problem, problem_len,
+                             "devices[%d]: \"nvlink_peers\": no device %d", i,
+                             config->devices[i].nvlink_peers[k]);
+                    ok = false;
+                }
+            }
+        }
     }
     cJSON_Delete(root);
     return ok;
@@ -319,6 +388,11 @@ int mock_setup(const char *who)
 const struct mock_config *mock_cfg(void)
 {
     return &g_config;
+}
+
+struct mock_device_health *mock_health(int device)
+{
+    return &g_shared->health[device];
 }
 
 /* ---- locking --------------------------------------------------------------------------- */

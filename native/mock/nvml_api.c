@@ -5,6 +5,7 @@
  */
 #include "gpushare/driver_types.h"
 #include "mock.h"
+#include "nvml_internal.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -39,6 +40,21 @@ static nvmlReturn_t check_device(nvmlDevice_t device, int *index)
         }
     }
     return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t mock_nvml_check_device(nvmlDevice_t device, int *index)
+{
+    return check_device(device, index);
+}
+
+nvmlDevice_t mock_nvml_handle(int index)
+{
+    return &g_devices[index];
+}
+
+nvmlReturn_t mock_nvml_check_init(void)
+{
+    return check_init();
 }
 
 MOCK_EXPORT nvmlReturn_t nvmlInit_v2(void)
@@ -290,6 +306,8 @@ MOCK_EXPORT const char *nvmlErrorString(nvmlReturn_t result)
         return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE:
         return "Insufficient Size";
+    case NVML_ERROR_TIMEOUT:
+        return "Timeout";
     case NVML_ERROR_DRIVER_NOT_LOADED:
         return "Driver Not Loaded";
     case NVML_ERROR_GPU_IS_LOST:

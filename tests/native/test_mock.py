@@ -225,3 +225,107 @@ def test_basic_under_asan_and_ubsan(run_mock, mock_config, native_asan_build):
         run_mock, "mock_basic", config=mock_config(), build=native_asan_build, timeout=60
     )
     assert values["failures"] == "0"
+
+
+# -- discovery and health: what the device plugin asks NVML (native/mock/nvml_node.c) --------
+
+NODE_DEVICES = [
+    {
+        "name": "NVIDIA H200",
+        "uuid": "GPU-12345678-1234-1234-1234-123456789abc",
+        "memory_mib": 1024,
+        "sm_count": 132,
+        "numa": 1,
+        "pci_bus_id": "00000000:3B:00.0",
+        "nvlink_peers": [1, 1],
+    },
+    {
+        "name": "NVIDIA H200",
+        "uuid": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+        "memory_mib": 1024,
+        "sm_count": 132,
+        "numa": -1,
+        "nvlink_peers": [0],
+    },
+    {
+        "name": "NVIDIA H200",
+        "uuid": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeef",
+        "memory_mib": 1024,
+        "sm_count": 132,
+    },
+]
+
+
+def test_discovery_reports_pci_numa_and_nvlink(run_mock, mock_config):
+    values = run_ok(
+        run_mock, "mock_node", config=mock_config(NODE_DEVICES, nvml_driver_version="570.1")
+    )
+    assert values["failures"] == "0"
+    assert values["driver_version"] == "570.1"
+    assert values["device0_bus_id"] == "00000000:3B:00.0"
+    assert values["device1_bus_id"] == "00000000:11:00.0"  # default: bus 0x10 + index
+    assert values["device0_numa"] == "1"
+    assert values["device1_numa"] == "error3"  # numa -1: NOT_SUPPORTED, as without affinity
+    assert values["device2_numa"] == "0"
+    assert values["device0_nvlink"] == "00000000:11:00.0,00000000:11:00.0"  # two links to 1
+    assert values["device1_nvlink"] == "00000000:3B:00.0"
+    assert values["device2_nvlink"] == "error3"  # no NVLink: NOT_SUPPORTED
+
+
+def test_xid_events_and_pending_retirement_in_process(run_mock, mock_config):
+    values = run_ok(run_mock, "mock_node", config=mock_config(NODE_DEVICES))
+    assert values["failures"] == "0"
+    assert values["supported_events"] == "8"  # nvmlEventTypeXidCriticalError
+    assert (values["first_xid"], values["second_xid"]) == ("79", "48")  # in order, not 31
+    assert values["first_type"] == "8"
+    assert (values["pending_before"], values["pending_set"], values["pending_cleared"]) == (
+        "0",
+        "1",
+        "0",
+    )
+
+
+def test_xid_injected_by_another_process_wakes_a_waiter(run_mock, popen_mock, mock_config):
+    config = mock_config(NODE_DEVICES)
+    waiter = popen_mock("mock_node", "wait", "10000", config=config)
+    line = waiter.stdout.readline()
+    assert line.strip() == "ready", waiter.stderr.read()
+    injected = run_mock("mock_node", "inject", "2", "94", config=config)
+    assert injected.returncode == 0, injected.stderr
+    out, err = waiter.communicate(timeout=20)
+    values = parse_kv(out)
+    assert values == {"event_result": "0", "event_device": "2", "event_xid": "94"}, err
+
+
+def test_waiting_without_events_times_out(run_mock, popen_mock, mock_config):
+    waiter = popen_mock("mock_node", "wait", "50", config=mock_config(NODE_DEVICES))
+    out, err = waiter.communicate(timeout=20)
+    assert parse_kv(out)["event_result"] == "10", err  # NVML_ERROR_TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("numa", "x", '"numa" must be a whole number'),
+        ("pci_bus_id", "3b:00.0", '"pci_bus_id" must look like'),
+        ("nvlink_peers", [0], '"nvlink_peers" entries must be indices of other devices'),
+        ("nvlink_peers", [7], '"nvlink_peers": no device 7'),
+        ("nvlink_peers", 1, '"nvlink_peers" must be an array'),
+    ],
+)
+def test_bad_discovery_config_is_a_clear_error(run_mock, mock_config, field, value, problem):
+    device = dict(NODE_DEVICES[2], **{field: value})
+    result = run_mock("mock_node", config=mock_config([device, NODE_DEVICES[1]]))
+    assert result.returncode == 1
+    assert problem in result.stderr, result.stderr
+
+
+def test_node_calls_under_asan_and_ubsan(run_mock, mock_config, native_asan_build):
+    values = run_ok(
+        run_mock,
+        "mock_node",
+        config=mock_config(NODE_DEVICES),
+        build=native_asan_build,
+        timeout=60,
+    )
+    assert values["failures"] == "0"

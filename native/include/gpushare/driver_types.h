@@ -356,6 +356,71 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensor
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power_mw);
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor);
 
+/* ---- Appended for the device plugin: discovery and health (nvml.h values and layouts) ---- */
+
+enum {
+    NVML_ERROR_TIMEOUT = 10,
+};
+
+typedef enum {
+    NVML_FEATURE_DISABLED = 0,
+    NVML_FEATURE_ENABLED = 1,
+} nvmlEnableState_t;
+
+#define NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE 80
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
+#define NVML_NVLINK_MAX_LINKS 18
+
+typedef struct {
+    char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+} nvmlPciInfo_t;
+
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+#define nvmlEventTypeSingleBitEccError 0x0000000000000001ULL
+#define nvmlEventTypeDoubleBitEccError 0x0000000000000002ULL
+#define nvmlEventTypeXidCriticalError 0x0000000000000008ULL
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData; /* the Xid, for nvmlEventTypeXidCriticalError */
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length);
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci);
+nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, int *node);
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                      nvmlEnableState_t *active);
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                 nvmlPciInfo_t *pci);
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
+                                                    nvmlEnableState_t *pending);
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set);
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                              unsigned long long *event_types);
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long event_types,
+                                      nvmlEventSet_t set);
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                 unsigned int timeout_ms);
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set);
+
+/* Mock-only (any process using the same mock state file sees the effect): queue Xid `xid` as an
+ * nvmlEventTypeXidCriticalError event on device `index`; set or clear the device's pending page
+ * retirement (what nvmlDeviceGetRetiredPagesPendingStatus reports: "needs a reset"). Both
+ * return NVML_SUCCESS, or an NVML error (bad index, unusable config or state file). */
+nvmlReturn_t gpushareMockInjectXid(unsigned int index, unsigned long long xid);
+nvmlReturn_t gpushareMockSetRetirementPending(unsigned int index, int pending);
+
 #ifdef __cplusplus
 }
 #endif
