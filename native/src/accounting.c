@@ -74,6 +74,7 @@ __attribute__((destructor)) static void gs_fini(void) {
 
 static void refuse(int device, uint64_t bytes, uint64_t limit) {
     char want[32], used[32], max[32];
+    gs_state_count_refusal();
     gs_format_bytes(bytes, want, sizeof want);
     gs_format_bytes(gs_state_used(device), used, sizeof used);
     gs_format_bytes(limit, max, sizeof max);

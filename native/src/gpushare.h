@@ -150,6 +150,8 @@ int gs_state_reserve(int device, uint64_t bytes, uint64_t limit);
 void gs_state_release(int device, uint64_t bytes);
 void gs_state_force(int device, uint64_t bytes);
 uint64_t gs_state_used(int device);
+/* Count one refused allocation in the state file (the monitor exports the count). */
+void gs_state_count_refusal(void);
 #define GS_MAX_PROCESSES 256 /* = the state file's slot count */
 /* A process of the container: a live, published slot and what it is charged on a device. */
 struct gs_state_process {

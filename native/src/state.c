@@ -418,6 +418,12 @@ void gs_state_force(int device, uint64_t bytes) {
     atomic_fetch_add_explicit(&state->slots[slot].used[device], bytes, memory_order_acq_rel);
 }
 
+void gs_state_count_refusal(void) {
+    if (state != NULL) {
+        atomic_fetch_add_explicit(&state->header.refused_allocations, 1, memory_order_relaxed);
+    }
+}
+
 struct gs_state_device *gs_state_device(int device) {
     if (state == NULL || device < 0 || device >= GS_MAX_DEVICES) {
         return NULL;

@@ -37,7 +37,10 @@ struct gs_state_header {
     uint32_t device_size;
     uint64_t file_size;
     uint64_t created_unix_ns;
-    uint64_t reserved[2];
+    /* Formerly reserved (zero in every file, so version 1 still): allocations refused against
+     * the limit since the file was created, all devices and processes (read by the monitor). */
+    _Atomic uint64_t refused_allocations;
+    uint64_t reserved;
 };
 
 struct gs_state_device {
