@@ -218,3 +218,35 @@ def decode_allocation(text: str) -> dict[str, list[ShareInfo]]:
             )
         result[name] = shares
     return result
+
+
+# -- the device plugin's side (docs/protocol.md, "Device plugin") -----------------------------
+
+# The kubelet device plugin API (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1).
+DEVICE_PLUGIN_API_VERSION = "v1beta1"
+KUBELET_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_SOCKET_NAME = "kubelet.sock"
+# One socket (and one registration) per resource, in KUBELET_DEVICE_PLUGIN_DIR.
+DEVICE_PLUGIN_SOCKETS = {
+    RESOURCE_GPU_MEMORY: "gpushare-gpu-mem.sock",
+    RESOURCE_GPU_CORE: "gpushare-gpu-core.sock",
+    RESOURCE_GPU_COUNT: "gpushare-gpu.sock",
+}
+DEVICE_HEALTHY = "Healthy"
+DEVICE_UNHEALTHY = "Unhealthy"
+
+# What Allocate gives a container, on the container's side.
+CONTAINER_LIMITS_PATH = "/etc/gpushare/limits.conf"  # read-only; docs/isolation.md "Limits"
+CONTAINER_STATE_DIR = "/var/run/gpushare"  # where the library keeps gpushare.state
+CONTAINER_LD_SO_PRELOAD = "/etc/ld.so.preload"  # read-only, names CONTAINER_LIBRARY_PATH
+CONTAINER_LIBRARY_PATH = "/usr/local/gpushare/lib/libgpushare.so"
+# On the host: where native/build/libgpushare.so is installed, and the per-container files.
+HOST_LIBRARY_PATH = "/usr/local/gpushare/lib/libgpushare.so"
+HOST_STATE_ROOT = "/var/lib/gpushare"  # <root>/containers/<pod uid>/<container>/
+
+# The NVIDIA container runtime's inputs.
+ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"  # GPU UUIDs, comma-separated
+NVIDIA_DEVICE_LIST_VOLUME_DIR = "/var/run/nvidia-container-devices"  # .../<uuid> mounts
+NVIDIA_CDI_KIND = "nvidia.com/gpu"  # CDI device names: nvidia.com/gpu=<uuid>
+# Set on every container the device plugin serves, for the programs in it (informational).
+ENV_GPUSHARE_POD = "GPUSHARE_POD"  # namespace/name of the pod whose allocation was served

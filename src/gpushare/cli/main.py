@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpushare.cli import cluster, extender, simulate
+from gpushare.cli import cluster, deviceplugin, extender, simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(commands)
     cluster.add_parser(commands)
     extender.add_parser(commands)
+    deviceplugin.add_parser(commands)
     return parser
 
 
