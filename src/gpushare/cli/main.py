@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpushare.cli import cluster, deviceplugin, extender, simulate
+from gpushare.cli import cluster, deviceplugin, extender, monitor, simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_parser(commands)
     extender.add_parser(commands)
     deviceplugin.add_parser(commands)
+    monitor.add_parser(commands)
     return parser
 
 
