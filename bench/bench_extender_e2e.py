@@ -120,6 +120,8 @@ def extender_verb_ms() -> dict[str, float]:
             if line.startswith(prefix):
                 verb = line[len(prefix) :].split('"')[1]
                 into[verb] = float(line.rsplit(" ", 1)[1])
+            elif line.startswith(f"gpushare_extender_binding_api_seconds{suffix} "):
+                into["Binding API call"] = float(line.rsplit(" ", 1)[1])
     return {verb: 1000 * sums[verb] / counts[verb] for verb in counts if counts[verb]}
 
 

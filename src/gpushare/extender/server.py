@@ -59,6 +59,12 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5, 5),
         )
+        self.binding_api = Histogram(
+            "gpushare_extender_binding_api_seconds",
+            "Time the API server took to answer a bind's Binding call",
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5, 5),
+        )
         self.placements = Counter(
             "gpushare_extender_placements", "Pods bound by the extender", registry=self.registry
         )
@@ -139,7 +145,8 @@ class Extender:
             # One call: the API server sets spec.nodeName and the Binding's annotations on the
             # pod in the same update, so a pod is never bound without its allocation, nor
             # annotated without being bound.
-            binder.bind(args.namespace, args.name, args.uid, args.node, dict(annotations))
+            with self.metrics.binding_api.time():
+                binder.bind(args.namespace, args.name, args.uid, args.node, dict(annotations))
         except Exception as error:
             self.cache.forget(args.key, args.uid)
             self.metrics.failures.labels("api_error").inc()
