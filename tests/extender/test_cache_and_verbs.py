@@ -358,3 +358,28 @@ def test_candidate_limit_passes_only_the_policys_best_nodes() -> None:
     assert verbs.filter_nodes(cache, body, candidate_limit=1)["nodenames"] == ["n2"]  # binpack
     assert verbs.filter_nodes(cache, body, candidate_limit=2)["nodenames"] == ["n2", "n3"]
     assert verbs.filter_nodes(cache, body, candidate_limit=5)["nodenames"] == ["n1", "n2", "n3"]
+
+
+def test_two_pods_whose_gpus_are_swapped_one_after_the_other_are_both_counted() -> None:
+    # The device plugin corrects a swap by rewriting two annotations, one after the other; in
+    # between both name GPU 1, which cannot hold both: the first waits aside, then counts.
+    cache = make_cache(node("n1", gpus=2))
+    binder = FakeBinder()
+    x = bound(cache, binder, pod("x", container(mem=10)), "n1")
+    y = bound(cache, binder, pod("y", container(mem=10)), "n1")
+    gpus = {shares(x)["main"][0]["index"], shares(y)["main"][0]["index"]}
+    assert gpus == {0, 1}
+
+    def moved(the_pod: dict, to: dict) -> dict:
+        the_pod = json.loads(json.dumps(the_pod))
+        the_pod["metadata"]["annotations"][protocol.ANNOTATION_ALLOCATION] = to["metadata"][
+            "annotations"
+        ][protocol.ANNOTATION_ALLOCATION]
+        return the_pod
+
+    new_x, new_y = moved(x, y), moved(y, x)
+    cache.upsert_pod(new_x)
+    assert not cache.pods["default/x"].in_ledger  # its new GPU still holds y's share
+    cache.upsert_pod(new_y)
+    assert cache.pods["default/x"].in_ledger and cache.pods["default/y"].in_ledger
+    assert cache.ledger.gpu_free_memory_mib.tolist() == [[6 * GIB, 6 * GIB]]

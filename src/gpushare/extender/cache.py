@@ -177,6 +177,7 @@ class ClusterCache:
         self.pods: dict[str, PodState] = {}
         self.ledger = Ledger([])
         self._placers: dict[str, Placer] = {}
+        self._aside: set[str] = set()  # pods whose shares could not be counted (see _enter)
         self.policy_names: list[str] = []  # the node policies seen, by id
         self._policy_ids: np.ndarray | None = None  # each ledger node's policy id
         self._requests: dict[str, PodRequest | RequestError] = {}  # by pod uid
@@ -236,6 +237,7 @@ class ClusterCache:
         self.ledger = Ledger(usable)
         self._placers.clear()
         self._policy_ids = None
+        self._aside.clear()
         for state in self.pods.values():
             state.in_ledger = False
             self._enter(state)
@@ -250,11 +252,31 @@ class ClusterCache:
         except (CapacityError, ModelError, KeyError) as error:
             for name in done:
                 self.ledger.release(name)
-            log.warning(
-                "pod %s: its shares on %s cannot be counted: %s", state.key, state.node, error
-            )
+            if state.key not in self._aside:
+                log.warning(
+                    "pod %s: its shares on %s cannot be counted yet: %s",
+                    state.key,
+                    state.node,
+                    error,
+                )
+            self._aside.add(state.key)
             return
         state.in_ledger = True
+        self._aside.discard(state.key)
+
+    def _retry_aside(self) -> None:
+        """Count again the pods set aside, now that some capacity moved.
+
+        Two annotations rewritten one after the other (the device plugin correcting a swap of
+        two pods' GPUs) name one GPU twice for a moment; the pod that could not be counted
+        then must be counted as soon as the other one moves, not at the next relist.
+        """
+        for key in list(self._aside):
+            state = self.pods.get(key)
+            if state is None or state.in_ledger:
+                self._aside.discard(key)
+            else:
+                self._enter(state)
 
     def _leave(self, state: PodState) -> None:
         if state.in_ledger:
@@ -293,6 +315,8 @@ class ClusterCache:
             state = PodState(key, uid, node, allocations, assumed=False)
             self.pods[key] = state
             self._enter(state)
+            if self._aside:
+                self._retry_aside()
             self._requests.pop(uid, None)
             self._observe(uid, shapes_of_charges(allocations))
 
@@ -318,9 +342,12 @@ class ClusterCache:
 
     def _drop(self, key: str, freed: bool = False) -> None:
         state = self.pods.pop(key, None)
+        self._aside.discard(key)
         if state is not None:
             held = state.in_ledger
             self._leave(state)
+            if held and self._aside:
+                self._retry_aside()
             if freed and held and self.on_freed is not None:
                 self.on_freed(state.node)
 
