@@ -19,6 +19,7 @@ from lightkube.resources.core_v1 import Namespace
 
 from gpushare import protocol
 from gpushare.cli.main import build_parser
+from gpushare.deviceplugin import podresources
 
 ROOT = Path(__file__).parents[2]
 MANIFESTS = sorted((ROOT / "deploy").glob("*.yaml"))
@@ -75,6 +76,7 @@ def test_paths_and_ports_agree_with_the_contract() -> None:
     node = workloads()["gpushare-node"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in node["volumes"]}
     assert host_paths["device-plugins"] == protocol.KUBELET_DEVICE_PLUGIN_DIR
+    assert host_paths["pod-resources"] == str(podresources.DEFAULT_SOCKET.parent)
     assert host_paths["state"] == protocol.HOST_STATE_ROOT
     assert host_paths["library"] == str(Path(protocol.HOST_LIBRARY_PATH).parent)
     (install,) = node["initContainers"]

@@ -23,6 +23,8 @@ from gpushare.deviceplugin.health import HealthMonitor, HealthTracker
 from gpushare.deviceplugin.inventory import Inventory
 from gpushare.deviceplugin.kube import StaticPods
 from gpushare.deviceplugin.kubelet import Lifecycle
+from gpushare.deviceplugin.matching import DECIDING_RESOURCES
+from gpushare.deviceplugin.podresources import PodResourcesClient, Reconciler
 from gpushare.deviceplugin.service import DevicePlugin, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,6 +138,7 @@ class Harness:
     monitor: HealthMonitor
     directory: Path
     host_root: Path
+    reconciler: Reconciler
 
 
 def start_harness(
@@ -148,7 +151,11 @@ def start_harness(
     pods: list[dict[str, Any]] | None = None,
     gc_interval_s: float = 60.0,
     gc_grace_s: float = 300.0,
+    pod_resources: bool = True,
+    reconcile_interval_s: float = 30.0,
 ) -> Harness:
+    """The plugin with its threads and a kubelet peer; ``pod_resources`` False: the peer's pod
+    resources API is not started (its socket is missing)."""
     plugin_dir = directory / "device-plugins"
     plugin_dir.mkdir()
     host_root = directory / "host"
@@ -165,17 +172,36 @@ def start_harness(
         HealthTracker([g.uuid for g in gpus], recovery_s), plugin.set_health, wait_ms=50
     )
     peer = KubeletPeer(plugin_dir)
+    if pod_resources:
+        peer.serve_pod_resources()
     lifecycle = Lifecycle(plugin, plugin_dir, gc_interval_s=gc_interval_s, gc_grace_s=gc_grace_s)
+    reconciler = Reconciler(
+        PodResourcesClient(peer.pod_resources_socket),
+        DECIDING_RESOURCES,
+        plugin.reconcile,
+        interval_s=reconcile_interval_s,
+    )
+    plugin.on_served = reconciler.wake
     threading.Thread(target=lifecycle.run, name="lifecycle", daemon=True).start()
+    reconciler.start()
     monitor.start()
     assert monitor.registered.wait(10), "the health monitor did not register for events"
     peer.wait_registered(3)
     return Harness(
-        plugin, source, lifecycle, peer, SimulatedKubelet(peer), monitor, plugin_dir, host_root
+        plugin,
+        source,
+        lifecycle,
+        peer,
+        SimulatedKubelet(peer),
+        monitor,
+        plugin_dir,
+        host_root,
+        reconciler,
     )
 
 
 def stop_harness(harness: Harness) -> None:
+    harness.reconciler.stop()
     harness.kubelet.close()
     harness.monitor.stop()
     harness.lifecycle.stop()

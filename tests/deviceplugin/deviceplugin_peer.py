@@ -1,5 +1,7 @@
 """A kubelet as the device plugin sees it: the Registration service on kubelet.sock and a
-device plugin client per registered resource, over unix sockets, speaking v1beta1.
+device plugin client per registered resource, over unix sockets, speaking v1beta1; and, on a
+socket of its own, the pod resources API (v1 PodResourcesLister) reporting the device IDs the
+simulated kubelet allocated to each pod's container.
 
 ``restart()`` does what a restarting kubelet does to the directory: its socket goes away with
 every plugin socket in it, and a new kubelet.sock (another inode) appears.
@@ -17,6 +19,8 @@ from typing import Any
 import grpc
 
 from gpushare import protocol
+from gpushare.deviceplugin.podresources_v1 import api_pb2 as pr_pb2
+from gpushare.deviceplugin.podresources_v1 import api_pb2_grpc as pr_grpc
 from gpushare.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 
@@ -40,6 +44,24 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
             self.peer.registrations.append(request)
             self.peer.changed.notify_all()
         return api_pb2.Empty()
+
+
+class _PodResources(pr_grpc.PodResourcesListerServicer):
+    def __init__(self, peer: KubeletPeer) -> None:
+        self.peer = peer
+
+    def List(self, request, context):
+        with self.peer.changed:
+            self.peer.lists += 1
+            held = {pod: dict(containers) for pod, containers in self.peer.held.items()}
+        response = pr_pb2.ListPodResourcesResponse()
+        for (namespace, name), containers in sorted(held.items()):
+            pod = response.pod_resources.add(name=name, namespace=namespace)
+            for container, devices in sorted(containers.items()):
+                entry = pod.containers.add(name=container)
+                for resource, ids in sorted(devices.items()):
+                    entry.devices.add(resource_name=resource, device_ids=ids)
+        return response
 
 
 class DeviceStream:
@@ -96,6 +118,10 @@ class KubeletPeer:
         self.changed = threading.Condition()
         self.server: grpc.Server | None = None
         self.channels: list[grpc.Channel] = []
+        # (namespace, name) -> container -> resource -> device IDs, as kubelet records them
+        self.held: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+        self.lists = 0  # pod resources List calls answered
+        self.pod_resources_server: grpc.Server | None = None
         self.start()
 
     @property
@@ -110,12 +136,39 @@ class KubeletPeer:
         self.server = server
 
     def stop(self) -> None:
+        self.stop_pod_resources()
         if self.server is not None:
             self.server.stop(0).wait()
             self.server = None
         for channel in self.channels:
             channel.close()
         self.channels = []
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.directory.parent / "pod-resources" / "kubelet.sock"
+
+    def serve_pod_resources(self) -> None:
+        """Starts the pod resources API on its socket (kubelet's is a directory of its own)."""
+        self.pod_resources_socket.parent.mkdir(exist_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pr_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), server)
+        server.add_insecure_port(f"unix:{self.pod_resources_socket}")
+        server.start()
+        self.pod_resources_server = server
+
+    def stop_pod_resources(self) -> None:
+        if self.pod_resources_server is not None:
+            self.pod_resources_server.stop(0).wait()
+            self.pod_resources_server = None
+
+    def record(self, pod: str, container: str, resource: str, ids: list[str]) -> None:
+        """As kubelet's device manager once Allocate has returned: ``pod`` (namespace/name)'s
+        ``container`` holds ``ids`` of ``resource``."""
+        namespace, _, name = pod.partition("/")
+        with self.changed:
+            containers = self.held.setdefault((namespace, name), {})
+            containers.setdefault(container, {})[resource] = list(ids)
 
     def restart(self) -> None:
         """As kubelet restarting: every socket in the directory goes, kubelet.sock comes back."""
@@ -170,22 +223,30 @@ class SimulatedKubelet:
         )
         return list(stub.GetPreferredAllocation(request).container_responses[0].deviceIDs)
 
-    def allocate(self, resource: str, ids: list[str]) -> api_pb2.ContainerAllocateResponse:
+    def allocate(
+        self, resource: str, ids: list[str], pod: str | None = None, container: str = ""
+    ) -> api_pb2.ContainerAllocateResponse:
+        """Allocate; with ``pod`` (namespace/name) the IDs are then recorded as that pod's
+        ``container``'s in the pod resources API, as kubelet does."""
         stub = self.peer.stub(resource)
         request = api_pb2.AllocateRequest()
         request.container_requests.add(devices_ids=ids)
         response = stub.Allocate(request)
         self.in_use.setdefault(resource, set()).update(ids)
+        if pod is not None:
+            self.peer.record(pod, container, resource, ids)
         return response.container_responses[0]
 
-    def admit(self, resource: str, size: int) -> api_pb2.ContainerAllocateResponse:
+    def admit(
+        self, resource: str, size: int, pod: str | None = None, container: str = ""
+    ) -> api_pb2.ContainerAllocateResponse:
         options = self.peer.stub(resource).GetDevicePluginOptions(api_pb2.Empty())
         available = self.available(resource)
         if options.get_preferred_allocation_available and size < len(available):
             ids = self.preferred(resource, size)
         else:
             ids = available[:size]
-        return self.allocate(resource, ids)
+        return self.allocate(resource, ids, pod, container)
 
     def close(self) -> None:
         for stream in self.streams.values():

@@ -99,3 +99,36 @@ def test_serves_the_last_view_and_retries_writes_through_an_outage():
         client.down.set()
         client.up.set()
         client.writes_up.set()
+
+
+def test_a_rewritten_allocation_is_patched_on_that_pod_only_and_shown_until_it_lands():
+    pod = make_pod("p", {"c": {protocol.RESOURCE_GPU_MEMORY: 1}}, {"c": []}, 1)
+    client = FlakyClient([pod])
+    node = KubeNode(client, "node-a")  # type: ignore[arg-type]
+    node.start()
+    try:
+        wait_until(node.synced, 10, "the first list")
+        client.writes_up.clear()
+        moved = protocol.encode_allocation({"c": [protocol.ShareInfo("GPU-9", 3, 1024, 0)]})
+        node.set_allocation("ns", "p", "uid-p", moved)
+        wait_until(lambda: client.failed_patches >= 1, 10, "a failed write")
+        assert node.refresh()  # a list made before the write lands keeps the new value
+        notes = node.pods()[0]["metadata"]["annotations"]
+        assert notes[protocol.ANNOTATION_ALLOCATION] == moved
+        assert notes[protocol.ANNOTATION_PHASE] == protocol.PHASE_ASSUMED  # not the phase
+        client.writes_up.set()
+        wait_until(lambda: node.pending_writes() == 0, 30, "the write to land")
+        assert client.patches == [
+            (
+                "p",
+                {
+                    "metadata": {
+                        "uid": "uid-p",  # a precondition: never a namesake pod's annotation
+                        "annotations": {protocol.ANNOTATION_ALLOCATION: moved},
+                    }
+                },
+            )
+        ]
+    finally:
+        node.stop()
+        client.down.set()

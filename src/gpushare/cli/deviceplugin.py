@@ -62,6 +62,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "(default %(default)s)",
     )
     parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        help="kubelet's pod resources API socket, read to see which container really got "
+        "which decision (default %(default)s)",
+    )
+    parser.add_argument(
         "--recovery-s",
         type=float,
         default=60.0,
@@ -112,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     from gpushare.deviceplugin.inventory import Inventory, InventoryError
     from gpushare.deviceplugin.kube import KubeNode
     from gpushare.deviceplugin.kubelet import Lifecycle
+    from gpushare.deviceplugin.matching import DECIDING_RESOURCES
+    from gpushare.deviceplugin.podresources import PodResourcesClient, Reconciler
     from gpushare.deviceplugin.service import DevicePlugin, Settings
 
     logging.basicConfig(
@@ -177,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
     tracker = HealthTracker([gpu.uuid for gpu in gpus], args.recovery_s, ignored)
     monitor = HealthMonitor(tracker, plugin.set_health)
     lifecycle = Lifecycle(plugin, args.device_plugin_dir)
+    reconciler = Reconciler(
+        PodResourcesClient(args.pod_resources_socket), DECIDING_RESOURCES, plugin.reconcile
+    )
+    plugin.on_served = reconciler.wake
 
     def shutdown(*_: object) -> None:
         lifecycle.stop()
@@ -186,9 +199,11 @@ def run(args: argparse.Namespace) -> int:
     node.start()
     plugin.publish()
     monitor.start()
+    reconciler.start()
     try:
         lifecycle.run()
     finally:
+        reconciler.stop()
         monitor.stop()
         node.stop()
         discovery.shutdown_nvml()

@@ -3,7 +3,8 @@
 Reads: one thread lists the node's pods (field selector ``spec.nodeName``) and watches from the
 list's version, listing again after any error or every ``resync_s``; Allocate reads the last
 view, so an API server outage does not stop the plugin serving what it knows. Writes (a pod's
-phase ``allocated``, the node's ``gpushare.io/gpus``) go through a queue that another thread
+phase ``allocated``, a pod's rewritten ``gpushare.io/allocation`` after kubelet exchanged two
+containers' decisions, the node's ``gpushare.io/gpus``) go through a queue that another thread
 retries with exponential backoff (0.5 s doubling to 30 s) until they succeed or the pod is
 gone; the node annotation is coalesced (the latest wins).
 """
@@ -47,6 +48,10 @@ class PodSource(Protocol):
 class NodeWriter(Protocol):
     def set_phase_allocated(self, namespace: str, name: str, uid: str) -> None: ...
 
+    def set_allocation(self, namespace: str, name: str, uid: str, allocation: str) -> None:
+        """Rewrites the pod's gpushare.io/allocation (only the pod ``uid``)."""
+        ...
+
     def set_gpus(self, gpus: list[protocol.GpuInfo]) -> None: ...
 
 
@@ -57,6 +62,7 @@ class StaticPods:
         self.items = list(pods)
         self.lock = threading.Lock()
         self.allocated: list[tuple[str, str, str]] = []
+        self.rewritten: list[tuple[str, str, str, str]] = []
         self.gpus: list[protocol.GpuInfo] = []
 
     def pods(self) -> list[dict[str, Any]]:
@@ -77,6 +83,15 @@ class StaticPods:
                 if metadata.get("uid") == uid:
                     annotations = metadata.setdefault("annotations", {})
                     annotations[protocol.ANNOTATION_PHASE] = protocol.PHASE_ALLOCATED
+
+    def set_allocation(self, namespace: str, name: str, uid: str, allocation: str) -> None:
+        with self.lock:
+            self.rewritten.append((namespace, name, uid, allocation))
+            for pod in self.items:
+                metadata = pod.get("metadata") or {}
+                if metadata.get("uid") == uid:
+                    annotations = metadata.setdefault("annotations", {})
+                    annotations[protocol.ANNOTATION_ALLOCATION] = allocation
 
     def set_gpus(self, gpus: list[protocol.GpuInfo]) -> None:
         with self.lock:
@@ -125,13 +140,17 @@ class KubeNode:
             return self._watching
 
     def _overlay(self, uid: str, data: dict[str, Any]) -> dict[str, Any]:
-        """The pod with our phase write still in flight applied (the lock is held), so that a
-        list made before the write lands does not make a served pod assumed again."""
+        """The pod with our writes still in flight applied (the lock is held), so that a list
+        made before a write lands does not make a served pod assumed again, nor bring back an
+        allocation already rewritten."""
+        notes: dict[str, str] = {}
         if ("pod", uid) in self._writes:
+            notes[protocol.ANNOTATION_PHASE] = protocol.PHASE_ALLOCATED
+        if ("allocation", uid) in self._writes:
+            notes[protocol.ANNOTATION_ALLOCATION] = self._writes[("allocation", uid)]["text"]
+        if notes:
             metadata = data.setdefault("metadata", {})
-            annotations = dict(metadata.get("annotations") or {})
-            annotations[protocol.ANNOTATION_PHASE] = protocol.PHASE_ALLOCATED
-            metadata["annotations"] = annotations
+            metadata["annotations"] = {**(metadata.get("annotations") or {}), **notes}
         return data
 
     def _list(self) -> str:
@@ -196,6 +215,18 @@ class KubeNode:
                 self._overlay(uid, self._pods[uid])
         self._wake.set()
 
+    def set_allocation(self, namespace: str, name: str, uid: str, allocation: str) -> None:
+        with self.lock:
+            self._writes[("allocation", uid)] = {
+                "namespace": namespace,
+                "name": name,
+                "uid": uid,
+                "text": allocation,
+            }
+            if uid in self._pods:
+                self._overlay(uid, self._pods[uid])
+        self._wake.set()
+
     def set_gpus(self, gpus: list[protocol.GpuInfo]) -> None:
         with self.lock:
             self._writes[("node", self.node)] = {"gpus": protocol.encode_gpus(gpus)}
@@ -206,10 +237,14 @@ class KubeNode:
             patch = {"metadata": {"annotations": {protocol.ANNOTATION_GPUS: write["gpus"]}}}
             self.client.patch(Node, self.node, patch)
             return
+        if kind == "allocation":
+            annotations = {protocol.ANNOTATION_ALLOCATION: write["text"]}
+        else:
+            annotations = {protocol.ANNOTATION_PHASE: protocol.PHASE_ALLOCATED}
         patch = {
             "metadata": {
-                "uid": write["uid"],  # a precondition: never the phase of a namesake pod
-                "annotations": {protocol.ANNOTATION_PHASE: protocol.PHASE_ALLOCATED},
+                "uid": write["uid"],  # a precondition: never a namesake pod's annotations
+                "annotations": annotations,
             }
         }
         self.client.patch(Pod, write["name"], patch, namespace=write["namespace"])
@@ -226,8 +261,9 @@ class KubeNode:
                 try:
                     self._write(key[0], write)
                 except ApiError as error:
-                    if error.status.code in (404, 409, 422) and key[0] == "pod":
-                        log.info("pod %s: phase not written (%s)", write["name"], error)
+                    if error.status.code in (404, 409, 422) and key[0] != "node":
+                        what = "phase" if key[0] == "pod" else key[0]
+                        log.info("pod %s: %s not written (%s)", write["name"], what, error)
                     else:
                         log.warning("writing %s %s: %s", *key, error)
                         failed = True

@@ -34,6 +34,9 @@ class Pending:
     amounts: Mapping[str, int]  # device counts kubelet will ask for, by resource
     shares: tuple[protocol.ShareInfo, ...]
     assume_time_ns: int
+    # an init container that runs once (not a restartable "sidecar"): kubelet's pod resources
+    # List does not report it, so no swap involving it can be seen
+    one_shot: bool = False
 
     @property
     def exclusive(self) -> bool:
@@ -170,7 +173,8 @@ def _pod_containers(
     assumed = str(annotations.get(protocol.ANNOTATION_ASSUME_TIME, "")).strip()
     if not _whole(assumed):
         return [], f"annotation {protocol.ANNOTATION_ASSUME_TIME} must be ns since the epoch"
-    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    inits = spec.get("initContainers") or []
+    containers = [*inits, *(spec.get("containers") or [])]
     found: list[Pending] = []
     for place, container in enumerate(containers):
         name = str(container.get("name") or "")
@@ -185,7 +189,8 @@ def _pod_containers(
         problem = _check(amounts, shares, unit_mib)
         if problem:
             return [], f"container {name}: {problem}"
-        found.append(Pending(uid, key, name, place, amounts, tuple(shares), int(assumed)))
+        one_shot = place < len(inits) and container.get("restartPolicy") != "Always"
+        found.append(Pending(uid, key, name, place, amounts, tuple(shares), int(assumed), one_shot))
     if not found:
         return [], f"no container asks for {protocol.RESOURCE_GPU_MEMORY} or gpu"
     return found, ""

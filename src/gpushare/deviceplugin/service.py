@@ -1,7 +1,8 @@
 """The device plugin's state and its gRPC services, one per resource.
 
 ``DevicePlugin`` holds what every resource's service shares: the inventory, GPU health, the pod
-source, the reservations made by GetPreferredAllocation and the containers already served.
+source, the reservations made by GetPreferredAllocation, the containers already served and the
+decision served for each ID set (until kubelet's pod resources record confirms who holds it).
 Allocate does no I/O on the API server: it matches against the pod source's last view (asking
 it once for a fresh one when nothing matches) and queues the phase write.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from gpushare import protocol
-from gpushare.deviceplugin import matching
+from gpushare.deviceplugin import matching, swaps
 from gpushare.deviceplugin.files import ContainerFiles
 from gpushare.deviceplugin.inventory import Inventory, pick_ids
 from gpushare.deviceplugin.kube import NodeWriter, PodSource
@@ -29,6 +30,9 @@ log = logging.getLogger("gpushare.deviceplugin")
 
 RESERVATION_TTL_S = 120.0  # GetPreferredAllocation's choice waits this long for its Allocate
 WATCH_POLL_S = 1.0  # how often an idle ListAndWatch stream checks that it is still wanted
+# A served ID set kubelet never reports (the pod failed admission after Allocate, or went) is
+# forgotten after this long.
+GIVEN_TTL_S = 600.0
 
 
 class AllocationError(RuntimeError):
@@ -43,6 +47,7 @@ class Settings:
     library_host_path: str = protocol.HOST_LIBRARY_PATH
     host_state_root: Path = Path(protocol.HOST_STATE_ROOT)
     reservation_ttl_s: float = RESERVATION_TTL_S
+    given_ttl_s: float = GIVEN_TTL_S
 
 
 @dataclass(slots=True)
@@ -66,6 +71,13 @@ class DevicePlugin:
     stopping: bool = False
     _reserved: dict[tuple[str, frozenset[str]], _Reservation] = field(default_factory=dict)
     _served: dict[str, set[str]] = field(default_factory=dict)  # pod uid -> containers
+    # (resource, device IDs) -> the decision served for them and when, until kubelet's record
+    # says who holds them (swaps.py)
+    _given: dict[swaps.IdSet, tuple[matching.Pending, float]] = field(default_factory=dict)
+    # pod uid of a decision another pod's container holds -> that pod's uid (its files are in use)
+    _borrowed: dict[str, str] = field(default_factory=dict)
+    # called after an Allocate served a decision (the pod resources reconciler's wake)
+    on_served: Callable[[], None] | None = None
     # matching's parse of each assumed pod, kept while its annotations stay the same
     _memo: dict[str, tuple[object, tuple[list[matching.Pending], str]]] = field(
         default_factory=dict
@@ -209,8 +221,10 @@ class DevicePlugin:
             try:
                 response.container_responses.append(self._serve(decision, pending))
             except OSError:
-                self._unserve(decision)  # it can be served by a later try
+                self._unserve(decision, (resource, ids))  # it can be served by a later try
                 raise
+        if self.on_served is not None:
+            self.on_served()
         return response
 
     def _check_ids(self, resource: str, ids: frozenset[str]) -> None:
@@ -250,11 +264,14 @@ class DevicePlugin:
             decision = self._decide(resource, ids, pending)
             if decision is not None:
                 self._served.setdefault(decision.uid, set()).add(decision.container)
+                if not decision.one_shot:  # kubelet's List never reports those
+                    self._given[(resource, ids)] = (decision, self.clock())
             return decision
 
-    def _unserve(self, decision: matching.Pending) -> None:
+    def _unserve(self, decision: matching.Pending, id_set: swaps.IdSet) -> None:
         with self.lock:
             self._served.get(decision.uid, set()).discard(decision.container)
+            self._given.pop(id_set, None)
 
     def _serve(
         self, decision: matching.Pending, pending: matching.PendingSet
@@ -293,12 +310,65 @@ class DevicePlugin:
                 del self._served[uid]
 
     def live_uids(self) -> set[str]:
-        """Pods on the node whose containers may still run (not Succeeded or Failed)."""
-        return {
+        """Pods on the node whose containers may still run (not Succeeded or Failed), and the
+        pods whose decision (and so whose files) a live pod's container holds after a swap."""
+        live = {
             str((p.get("metadata") or {}).get("uid"))
             for p in self.pods.pods()
             if (p.get("status") or {}).get("phase") not in matching.TERMINAL_PHASES
         }
+        with self.lock:
+            for uid in [u for u, holder in self._borrowed.items() if holder not in live]:
+                del self._borrowed[uid]
+            live.update(self._borrowed)
+        return live
+
+    # -- kubelet's record: who really holds what (swaps.py) ------------------------------
+
+    def unreported(self) -> int:
+        """Served ID sets that kubelet's pod resources record has not confirmed yet."""
+        with self.lock:
+            return len(self._given)
+
+    def reconcile(self, held: list[swaps.Held]) -> int:
+        """Rewrites the allocations of pods whose containers exchanged decisions, given what
+        kubelet reports each container holds; the count of served ID sets still unreported."""
+        pods = self.pods.pods()
+        with self.lock:
+            now = self.clock()
+            expired = [
+                k for k, (_, at) in self._given.items() if now - at > self.settings.given_ttl_s
+            ]
+            for key in expired:
+                decision = self._given.pop(key)[0]
+                log.info(
+                    "kubelet never reported who holds the %s of %s %s; forgotten",
+                    key[0],
+                    decision.key,
+                    decision.container,
+                )
+            given = {key: decision for key, (decision, _) in self._given.items()}
+            found = swaps.find_swaps(given, held, pods)
+            for key in found.settled:
+                del self._given[key]
+            for cycle in found.cycles:
+                for move in cycle:
+                    if move.got.uid != move.uid:
+                        self._borrowed[move.got.uid] = move.uid
+            remaining = len(self._given)
+        for cycle in found.cycles:
+            log.warning(
+                "kubelet admitted containers in another order than assumed: %s; rewriting %s",
+                swaps.describe(cycle),
+                protocol.ANNOTATION_ALLOCATION,
+            )
+        for problem in found.problems:
+            log.warning("not rewriting %s of %s", protocol.ANNOTATION_ALLOCATION, problem)
+        for rewrite in found.rewrites:
+            self.writer.set_allocation(
+                rewrite.namespace, rewrite.name, rewrite.uid, rewrite.allocation
+            )
+        return remaining
 
 
 class ResourceService(api_pb2_grpc.DevicePluginServicer):
