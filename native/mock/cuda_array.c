@@ -98,6 +98,39 @@ MOCK_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCR
     return rc;
 }
 
+/* Legacy descriptors (unsigned int dimensions): the same arrays. */
+MOCK_EXPORT CUresult cuArrayCreate(CUarray *array, const CUDA_ARRAY_DESCRIPTOR_v1 *descriptor)
+{
+    CUresult rc = mock_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t bytes = 0, handle = 0;
+    if (!array || !descriptor ||
+        !level_bytes(descriptor->Width, descriptor->Height, 0, descriptor->Format,
+                     descriptor->NumChannels, &bytes))
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = create(&handle, bytes, MOCK_ALLOC_ARRAY);
+    if (rc == CUDA_SUCCESS)
+        *array = (CUarray)(uintptr_t)handle;
+    return rc;
+}
+
+MOCK_EXPORT CUresult cuArray3DCreate(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR_v1 *descriptor)
+{
+    CUresult rc = mock_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t bytes = 0, handle = 0;
+    if (!array || !descriptor ||
+        !level_bytes(descriptor->Width, descriptor->Height, descriptor->Depth, descriptor->Format,
+                     descriptor->NumChannels, &bytes))
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = create(&handle, bytes, MOCK_ALLOC_ARRAY);
+    if (rc == CUDA_SUCCESS)
+        *array = (CUarray)(uintptr_t)handle;
+    return rc;
+}
+
 MOCK_EXPORT CUresult cuArrayDestroy(CUarray array)
 {
     return destroy((uint64_t)(uintptr_t)array, MOCK_ALLOC_ARRAY);

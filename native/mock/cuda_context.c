@@ -46,9 +46,9 @@ static void context_close(struct mock_context *context)
     mock_shared_unlock();
 }
 
-MOCK_EXPORT CUresult cuCtxCreate_v2(CUcontext *out, unsigned int flags, CUdevice device)
+/* Every cuCtxCreate version; flags and execution affinity are accepted and ignored. */
+static CUresult context_create(CUcontext *out, CUdevice device)
 {
-    (void)flags;
     CUresult rc = mock_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -81,7 +81,50 @@ MOCK_EXPORT CUresult cuCtxCreate_v2(CUcontext *out, unsigned int flags, CUdevice
     return rc;
 }
 
-MOCK_EXPORT CUresult cuCtxDestroy_v2(CUcontext handle)
+MOCK_EXPORT CUresult cuCtxCreate_v2(CUcontext *out, unsigned int flags, CUdevice device)
+{
+    (void)flags;
+    return context_create(out, device);
+}
+
+MOCK_EXPORT CUresult cuCtxCreate(CUcontext *out, unsigned int flags, CUdevice device)
+{
+    (void)flags;
+    return context_create(out, device);
+}
+
+/* Affinity parameters are checked for shape only (an SM count of at least 1). */
+static bool affinity_valid(const CUexecAffinityParam *params, int count)
+{
+    if (count < 0 || (count > 0 && !params))
+        return false;
+    for (int i = 0; i < count; i++)
+        if (params[i].type != CU_EXEC_AFFINITY_TYPE_SM_COUNT || params[i].param.smCount.val == 0)
+            return false;
+    return true;
+}
+
+MOCK_EXPORT CUresult cuCtxCreate_v3(CUcontext *out, CUexecAffinityParam *params, int count,
+                                    unsigned int flags, CUdevice device)
+{
+    (void)flags;
+    if (mock_check_init() == CUDA_SUCCESS && !affinity_valid(params, count))
+        return CUDA_ERROR_INVALID_VALUE;
+    return context_create(out, device);
+}
+
+MOCK_EXPORT CUresult cuCtxCreate_v4(CUcontext *out, CUctxCreateParams *params, unsigned int flags,
+                                    CUdevice device)
+{
+    (void)flags;
+    if (mock_check_init() == CUDA_SUCCESS && params &&
+        !affinity_valid(params->execAffinityParams, params->numExecAffinityParams))
+        return CUDA_ERROR_INVALID_VALUE;
+    return context_create(out, device);
+}
+
+/* Shared by cuCtxDestroy_v2 and the legacy cuCtxDestroy. */
+static CUresult context_destroy(CUcontext handle)
 {
     CUresult rc = mock_check_init();
     if (rc != CUDA_SUCCESS)
@@ -102,6 +145,35 @@ MOCK_EXPORT CUresult cuCtxDestroy_v2(CUcontext handle)
     free(context);
     mock_cuda_unlock();
     return CUDA_SUCCESS;
+}
+
+MOCK_EXPORT CUresult cuCtxDestroy_v2(CUcontext handle)
+{
+    return context_destroy(handle);
+}
+
+MOCK_EXPORT CUresult cuCtxDestroy(CUcontext handle)
+{
+    return context_destroy(handle);
+}
+
+/* The context a stream belongs to; the default streams give the current context. */
+MOCK_EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *out)
+{
+    CUresult rc = mock_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (mock_cuda_lock() != 0)
+        return CUDA_ERROR_UNKNOWN;
+    struct mock_context *context = NULL;
+    struct mock_stream *resolved = NULL;
+    rc = mock_stream_resolve_locked(stream, &context, &resolved);
+    if (rc == CUDA_SUCCESS)
+        *out = (CUcontext)context;
+    mock_cuda_unlock();
+    return rc;
 }
 
 MOCK_EXPORT CUresult cuCtxSetCurrent(CUcontext handle)
@@ -202,7 +274,7 @@ MOCK_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *out, CUdevice device)
     return rc;
 }
 
-MOCK_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device)
+static CUresult primary_release(CUdevice device)
 {
     CUresult rc = mock_check_init();
     if (rc != CUDA_SUCCESS)
@@ -220,4 +292,14 @@ MOCK_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device)
     }
     mock_cuda_unlock();
     return rc;
+}
+
+MOCK_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device)
+{
+    return primary_release(device);
+}
+
+MOCK_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device)
+{
+    return primary_release(device);
 }

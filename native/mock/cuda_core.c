@@ -20,6 +20,9 @@ static pthread_mutex_t g_cuda_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct handle_entry *g_handles[HANDLE_BUCKETS];
 static struct mock_alloc *g_allocs[ALLOC_BUCKETS];
 static uint64_t g_next_address = 0x7f4000000000ull;
+/* Legacy allocations come from [256 MiB, 4 GiB) and, like all mock addresses, are not reused. */
+static uint64_t g_next_low_address = 0x10000000ull;
+#define MOCK_LOW_ADDRESS_END 0x100000000ull
 
 int mock_cuda_lock(void)
 {
@@ -95,6 +98,21 @@ uint64_t mock_next_address(uint64_t bytes)
         step = MOCK_PITCH_ALIGNMENT;
     uint64_t address = g_next_address;
     g_next_address += step;
+    return address;
+}
+
+uint64_t mock_next_low_address(uint64_t bytes)
+{
+    if (bytes >= MOCK_LOW_ADDRESS_END)
+        return 0;
+    uint64_t step =
+        (bytes + MOCK_PITCH_ALIGNMENT - 1) / MOCK_PITCH_ALIGNMENT * MOCK_PITCH_ALIGNMENT;
+    if (step == 0)
+        step = MOCK_PITCH_ALIGNMENT;
+    if (step > MOCK_LOW_ADDRESS_END - g_next_low_address)
+        return 0;
+    uint64_t address = g_next_low_address;
+    g_next_low_address += step;
     return address;
 }
 

@@ -155,6 +155,21 @@ MOCK_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device)
     return CUDA_SUCCESS;
 }
 
+/* Legacy: 32 bits; a larger memory reads UINT_MAX, as from the real driver. */
+MOCK_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice device)
+{
+    CUresult rc = mock_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!mock_valid_device(device))
+        return CUDA_ERROR_INVALID_DEVICE;
+    uint64_t total = mock_cfg()->devices[device].memory_bytes;
+    *bytes = total > UINT32_MAX ? UINT32_MAX : (unsigned int)total;
+    return CUDA_SUCCESS;
+}
+
 /* Not intercepted by gpushare: exported so that pass-through can be tested. */
 MOCK_EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attribute,
                                         CUfunction function)

@@ -22,6 +22,7 @@ enum mock_handle_type {
     MOCK_HANDLE_STREAM,
     MOCK_HANDLE_GRAPH,
     MOCK_HANDLE_GRAPH_EXEC,
+    MOCK_HANDLE_POOL, /* a pool from cuMemPoolCreate */
 };
 
 struct mock_context {
@@ -79,6 +80,8 @@ bool mock_handle_live(const void *handle, enum mock_handle_type type);
 void mock_handle_remove(const void *handle);
 /* Allocation table, keyed by device address. */
 uint64_t mock_next_address(uint64_t bytes);
+/* An address below 4 GiB for the legacy 32-bit entry points; 0 once that range is used up. */
+uint64_t mock_next_low_address(uint64_t bytes);
 CUresult mock_alloc_insert(const struct mock_alloc *alloc);
 struct mock_alloc *mock_alloc_find(uint64_t address);
 void mock_alloc_erase(uint64_t address);
@@ -94,6 +97,11 @@ struct mock_context *mock_primary_context(int device);
 
 /* cuda_memory.c: allocate/free a linear, context-bound allocation (lock held). */
 CUresult mock_linear_alloc_locked(CUdeviceptr *pointer, uint64_t bytes, enum mock_alloc_kind kind);
+/* The same below 4 GiB (legacy entry points); CUDA_ERROR_OUT_OF_MEMORY when that range is full. */
+CUresult mock_linear_alloc_low_locked(CUdeviceptr *pointer, uint64_t bytes,
+                                      enum mock_alloc_kind kind);
+/* Free and total memory of the current context's device (the cuMemGetInfo_v2 answer). */
+CUresult mock_mem_info(uint64_t *free_bytes, uint64_t *total_bytes);
 CUresult mock_free_locked(uint64_t address, enum mock_alloc_kind kind);
 
 /* cuda_pool.c */

@@ -1,12 +1,16 @@
 /*
- * Mock CUDA driver: stream-ordered allocation from each device's default memory pool.
+ * Mock CUDA driver: stream-ordered allocation from memory pools: each device's default pool and
+ * pools made with cuMemPoolCreate; cuDeviceSetMemPool chooses the pool cuMemAllocAsync uses.
  *
- * The pool reserves device memory in 2 MiB chunks (that is what is charged to the device) and
+ * A pool reserves device memory in 2 MiB chunks (that is what is charged to the device) and
  * keeps freed memory reserved until cuMemPoolTrimTo releases it.
  */
 #include "cuda_internal.h"
 
+#include <stdlib.h>
+
 static struct mock_pool g_pools[MOCK_MAX_DEVICES];
+static struct mock_pool *g_current[MOCK_MAX_DEVICES]; /* cuDeviceSetMemPool; NULL: default */
 
 void mock_pools_init(void)
 {
@@ -14,12 +18,20 @@ void mock_pools_init(void)
         g_pools[i].device = i;
 }
 
+/* A default or created pool (lock held), or NULL. */
 static struct mock_pool *pool_from_handle(CUmemoryPool handle)
 {
     for (int i = 0; i < mock_cfg()->device_count; i++)
         if ((CUmemoryPool)&g_pools[i] == handle)
             return &g_pools[i];
+    if (handle && mock_handle_live(handle, MOCK_HANDLE_POOL))
+        return (struct mock_pool *)handle;
     return NULL;
+}
+
+static struct mock_pool *current_pool_locked(int device)
+{
+    return g_current[device] ? g_current[device] : &g_pools[device];
 }
 
 static uint64_t round_chunk(uint64_t bytes)
@@ -87,7 +99,7 @@ static CUresult alloc_async(CUdeviceptr *pointer, size_t bytes, CUmemoryPool han
     struct mock_stream *resolved = NULL;
     rc = mock_stream_resolve_locked(stream, &context, &resolved);
     if (rc == CUDA_SUCCESS) {
-        struct mock_pool *pool = default_pool ? &g_pools[context->device]
+        struct mock_pool *pool = default_pool ? current_pool_locked(context->device)
                                               : pool_from_handle(handle);
         rc = pool ? pool_alloc_locked(pool, pointer, bytes) : CUDA_ERROR_INVALID_VALUE;
     }
@@ -226,5 +238,96 @@ MOCK_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool handle, CUmemPool_attrib
         else
             *(cuuint64_t *)value = number;
     }
+    return rc;
+}
+
+/* Device-located pinned pools only; other locations and handle types are not mocked. */
+MOCK_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *out, const CUmemPoolProps *props)
+{
+    CUresult rc = mock_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!out || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!mock_valid_device(props->location.id))
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct mock_pool *pool = calloc(1, sizeof *pool);
+    if (!pool)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pool->device = props->location.id;
+    if (mock_cuda_lock() != 0) {
+        free(pool);
+        return CUDA_ERROR_UNKNOWN;
+    }
+    rc = mock_handle_add(pool, MOCK_HANDLE_POOL);
+    mock_cuda_unlock();
+    if (rc != CUDA_SUCCESS) {
+        free(pool);
+        return rc;
+    }
+    *out = (CUmemoryPool)pool;
+    return CUDA_SUCCESS;
+}
+
+/* The real driver defers destroying a pool with live blocks; the mock refuses (ILLEGAL_STATE) so
+ * that no block outlives its pool. The reservation goes back to the device. */
+MOCK_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool handle)
+{
+    CUresult rc = mock_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (mock_cuda_lock() != 0)
+        return CUDA_ERROR_UNKNOWN;
+    struct mock_pool *pool = handle && mock_handle_live(handle, MOCK_HANDLE_POOL)
+                                 ? (struct mock_pool *)handle
+                                 : NULL;
+    if (!pool) {
+        rc = CUDA_ERROR_INVALID_VALUE; /* unknown, or a default pool */
+    } else if (pool->used > 0) {
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+        mock_uncharge(pool->device, pool->reserved);
+        if (g_current[pool->device] == pool)
+            g_current[pool->device] = NULL;
+        mock_handle_remove(pool);
+        free(pool);
+    }
+    mock_cuda_unlock();
+    return rc;
+}
+
+MOCK_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *out, CUdevice device)
+{
+    CUresult rc = mock_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!mock_valid_device(device))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (mock_cuda_lock() != 0)
+        return CUDA_ERROR_UNKNOWN;
+    *out = (CUmemoryPool)current_pool_locked(device);
+    mock_cuda_unlock();
+    return CUDA_SUCCESS;
+}
+
+MOCK_EXPORT CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool handle)
+{
+    CUresult rc = mock_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!mock_valid_device(device))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (mock_cuda_lock() != 0)
+        return CUDA_ERROR_UNKNOWN;
+    struct mock_pool *pool = pool_from_handle(handle);
+    if (!pool || pool->device != device)
+        rc = CUDA_ERROR_INVALID_VALUE; /* a pool of another device cannot be its current pool */
+    else
+        g_current[device] = pool == &g_pools[device] ? NULL : pool;
+    mock_cuda_unlock();
     return rc;
 }

@@ -2,7 +2,8 @@
  * Mock CUDA driver: cuGetProcAddress and cuGetProcAddress_v2.
  *
  * Like the real driver, a base name ("cuMemAlloc") resolves to the newest export whose ABI the
- * requested CUDA version knows ("cuMemAlloc_v2" from 3020), and
+ * requested CUDA version knows (the legacy 32-bit "cuMemAlloc" below 3020, "cuMemAlloc_v2" from
+ * 3020; "cuCtxCreate" to _v3 from 11040 and _v4 from 12050), and
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM selects the _ptsz variant where there is one.
  */
 #include "cuda_internal.h"
@@ -27,19 +28,29 @@ static const struct proc_entry g_table[] = {
     ENTRY("cuDeviceGetName", 2000, cuDeviceGetName),
     ENTRY("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
     ENTRY("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    ENTRY("cuDeviceTotalMem", 2000, cuDeviceTotalMem),
     ENTRY("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    ENTRY("cuCtxCreate", 2000, cuCtxCreate),
     ENTRY("cuCtxCreate", 3020, cuCtxCreate_v2),
+    ENTRY("cuCtxCreate", 11040, cuCtxCreate_v3),
+    ENTRY("cuCtxCreate", 12050, cuCtxCreate_v4),
+    ENTRY("cuCtxDestroy", 2000, cuCtxDestroy),
     ENTRY("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     ENTRY("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     ENTRY("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     ENTRY("cuCtxGetDevice", 2000, cuCtxGetDevice),
     ENTRY("cuCtxSynchronize", 2000, cuCtxSynchronize),
     ENTRY("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    ENTRY("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
     ENTRY("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    ENTRY("cuMemGetInfo", 2000, cuMemGetInfo),
     ENTRY("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    ENTRY("cuMemAlloc", 2000, cuMemAlloc),
     ENTRY("cuMemAlloc", 3020, cuMemAlloc_v2),
+    ENTRY("cuMemAllocPitch", 2000, cuMemAllocPitch),
     ENTRY("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
     ENTRY("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    ENTRY("cuMemFree", 2000, cuMemFree),
     ENTRY("cuMemFree", 3020, cuMemFree_v2),
     ENTRY("cuMemAllocAsync", 11020, cuMemAllocAsync),
     PTSZ("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
@@ -50,10 +61,16 @@ static const struct proc_entry g_table[] = {
     ENTRY("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
     ENTRY("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
     ENTRY("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    ENTRY("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    ENTRY("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    ENTRY("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    ENTRY("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
     ENTRY("cuMemCreate", 10020, cuMemCreate),
     ENTRY("cuMemRelease", 10020, cuMemRelease),
     ENTRY("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    ENTRY("cuArrayCreate", 2000, cuArrayCreate),
     ENTRY("cuArrayCreate", 3020, cuArrayCreate_v2),
+    ENTRY("cuArray3DCreate", 2000, cuArray3DCreate),
     ENTRY("cuArray3DCreate", 3020, cuArray3DCreate_v2),
     ENTRY("cuArrayDestroy", 2000, cuArrayDestroy),
     ENTRY("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
@@ -74,6 +91,7 @@ static const struct proc_entry g_table[] = {
     ENTRY("cuStreamCreate", 2000, cuStreamCreate),
     ENTRY("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     ENTRY("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    ENTRY("cuStreamGetCtx", 9020, cuStreamGetCtx),
     PTSZ("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
     ENTRY("cuFuncGetAttribute", 2020, cuFuncGetAttribute),
     ENTRY("cuGetProcAddress", 11030, cuGetProcAddress),

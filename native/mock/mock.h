@@ -59,7 +59,7 @@ struct mock_config {
 /* ---- shared state (the memory-mapped state file) ----------------------------------------- */
 
 #define MOCK_STATE_MAGIC 0x4750554d4f434b31ull /* "GPUMOCK1" */
-#define MOCK_STATE_LAYOUT 2u /* 2: health records appended */
+#define MOCK_STATE_LAYOUT 3u /* 2: health records appended; 3: busy intervals carry a pid */
 
 struct mock_proc_record {
     _Atomic int32_t pid;           /* 0: free slot */
@@ -70,6 +70,8 @@ struct mock_proc_record {
 struct mock_interval {
     _Atomic uint64_t start_ns;     /* CLOCK_MONOTONIC */
     _Atomic uint64_t end_ns;
+    _Atomic int32_t pid;           /* the process whose kernels ran (layout 3) */
+    uint32_t reserved;
 };
 
 struct mock_device_shared {
@@ -102,6 +104,12 @@ struct mock_proc_usage {
     uint64_t used_bytes;
 };
 
+/* One process's kernel time on a device within a window (nvmlDeviceGetProcessUtilization). */
+struct mock_proc_busy {
+    pid_t pid;
+    uint64_t busy_ns;
+};
+
 /*
  * Loads the configuration and maps the state file, once per library; `who` names the library in
  * the error line ("cuda" or "nvml"). Returns 0, or -1 after printing one line to stderr.
@@ -119,9 +127,15 @@ uint64_t mock_device_used_locked(int device);
 bool mock_charge_locked(int device, uint64_t bytes);
 void mock_uncharge_locked(int device, uint64_t bytes);
 void mock_contexts_add_locked(int device, int delta);
-/* Queues a kernel of duration_ns on the device's timeline; returns its end time. */
+/* Queues a kernel of duration_ns, this process's, on the device's timeline; returns its end
+ * time. Back-to-back kernels of the same process extend one busy interval. */
 uint64_t mock_timeline_submit_locked(int device, uint64_t duration_ns);
 unsigned int mock_utilization_locked(int device, uint64_t now_ns);
+/* Each process's busy time on the device within [low_ns, high_ns) (CLOCK_MONOTONIC), from the
+ * kept intervals: writes one entry per process with busy time > 0 into out, which must hold
+ * MOCK_MAX_INTERVALS entries, sorted by pid; returns how many. */
+unsigned int mock_process_busy_locked(int device, uint64_t low_ns, uint64_t high_ns,
+                                      struct mock_proc_busy *out);
 /* Fills up to max entries; returns how many live processes use the device. */
 unsigned int mock_processes_locked(int device, struct mock_proc_usage *out, unsigned int max);
 /* Drops every record of this process (at exit of the CUDA library). */
@@ -131,6 +145,7 @@ void mock_release_own_locked(void);
 struct mock_device_health *mock_health(int device);
 
 uint64_t mock_now_ns(void);
+uint64_t mock_realtime_ns(void); /* CLOCK_REALTIME (NVML's sample timestamps) */
 void mock_sleep_until_ns(uint64_t deadline_ns);
 
 #endif /* GPUSHARE_MOCK_H */

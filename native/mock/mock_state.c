@@ -598,20 +598,33 @@ void mock_sleep_until_ns(uint64_t deadline_ns)
     }
 }
 
+uint64_t mock_realtime_ns(void)
+{
+    struct timespec now;
+    if (clock_gettime(CLOCK_REALTIME, &now) != 0 || now.tv_sec < 0)
+        return 0;
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
 uint64_t mock_timeline_submit_locked(int device, uint64_t duration_ns)
 {
     struct mock_device_shared *shared = &g_shared->devices[device];
+    int32_t self = (int32_t)getpid();
     uint64_t now = mock_now_ns();
     uint64_t busy_until = atomic_load(&shared->busy_until_ns);
     uint64_t start = busy_until > now ? busy_until : now;
-    uint64_t end = start + duration_ns;
     if (duration_ns == 0)
         return start;
+    uint64_t end = start + duration_ns;
+    if (end < start)
+        end = UINT64_MAX; /* saturate: a kernel that never ends in practice */
     atomic_store(&shared->busy_until_ns, end);
     uint64_t count = atomic_load(&shared->interval_count);
     if (count > 0) {
         struct mock_interval *last = &shared->intervals[(count - 1) % MOCK_MAX_INTERVALS];
-        if (atomic_load(&last->end_ns) == start) { /* back to back: extend the last interval */
+        /* Back to back with this process's own last kernel: extend that interval. Another
+         * process's interval is never extended, so each interval has one owner. */
+        if (atomic_load(&last->end_ns) == start && atomic_load(&last->pid) == self) {
             atomic_store(&last->end_ns, end);
             return end;
         }
@@ -619,8 +632,56 @@ uint64_t mock_timeline_submit_locked(int device, uint64_t duration_ns)
     struct mock_interval *slot = &shared->intervals[count % MOCK_MAX_INTERVALS];
     atomic_store(&slot->start_ns, start);
     atomic_store(&slot->end_ns, end);
+    atomic_store(&slot->pid, self);
     atomic_store(&shared->interval_count, count + 1);
     return end;
+}
+
+static int compare_busy_pid(const void *a, const void *b)
+{
+    pid_t left = ((const struct mock_proc_busy *)a)->pid;
+    pid_t right = ((const struct mock_proc_busy *)b)->pid;
+    return (left > right) - (left < right);
+}
+
+unsigned int mock_process_busy_locked(int device, uint64_t low_ns, uint64_t high_ns,
+                                      struct mock_proc_busy *out)
+{
+    struct mock_device_shared *shared = &g_shared->devices[device];
+    uint64_t count = atomic_load(&shared->interval_count);
+    uint64_t kept = count < MOCK_MAX_INTERVALS ? count : MOCK_MAX_INTERVALS;
+    unsigned int pieces = 0;
+    for (uint64_t k = 0; k < kept && low_ns < high_ns; k++) {
+        const struct mock_interval *interval =
+            &shared->intervals[(count - 1 - k) % MOCK_MAX_INTERVALS];
+        uint64_t start = atomic_load(&interval->start_ns);
+        uint64_t end = atomic_load(&interval->end_ns);
+        if (end <= low_ns)
+            break; /* intervals are recorded in time order */
+        if (start < low_ns)
+            start = low_ns;
+        if (end > high_ns)
+            end = high_ns;
+        if (end <= start)
+            continue; /* queued after the window */
+        out[pieces].pid = (pid_t)atomic_load(&interval->pid);
+        out[pieces].busy_ns = end - start;
+        pieces++;
+    }
+    if (pieces == 0)
+        return 0;
+    /* One entry per process: sort the pieces by pid, then add up each run. */
+    qsort(out, pieces, sizeof *out, compare_busy_pid);
+    unsigned int processes = 0;
+    for (unsigned int i = 0; i < pieces; i++) {
+        if (processes > 0 && out[processes - 1].pid == out[i].pid) {
+            out[processes - 1].busy_ns += out[i].busy_ns;
+        } else {
+            out[processes] = out[i];
+            processes++;
+        }
+    }
+    return processes;
 }
 
 unsigned int mock_utilization_locked(int device, uint64_t now_ns)

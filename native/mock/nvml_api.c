@@ -8,6 +8,8 @@
 #include "nvml_internal.h"
 
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct nvmlDevice_st {
@@ -260,6 +262,69 @@ MOCK_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
         infos[k].computeInstanceId = 0xFFFFFFFFu;
     }
     *count = live;
+    return NVML_SUCCESS;
+}
+
+/*
+ * Per-process SM utilisation, from the kernel timeline: the driver "takes a sample" when asked.
+ * The period is (lastSeenTimeStamp, now], at most the last utilization_window_ms (what the
+ * driver keeps); each process that ran kernels in it gets one sample, timestamped now
+ * (CLOCK_REALTIME, microseconds), with smUtil its busy share of the period in percent.
+ */
+MOCK_EXPORT nvmlReturn_t
+nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                unsigned int *processSamplesCount,
+                                unsigned long long lastSeenTimeStamp)
+{
+    int i = 0;
+    nvmlReturn_t rc = check_device(device, &i);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!processSamplesCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct mock_proc_busy *busy = malloc(MOCK_MAX_INTERVALS * sizeof *busy);
+    if (!busy)
+        return NVML_ERROR_UNKNOWN;
+    if (mock_shared_lock() != 0) {
+        free(busy);
+        return NVML_ERROR_UNKNOWN;
+    }
+    uint64_t now = mock_now_ns();
+    uint64_t real_now = mock_realtime_ns();
+    uint64_t window = mock_cfg()->util_window_ns;
+    uint64_t low = now > window ? now - window : 0;
+    uint64_t real_now_us = real_now / 1000u;
+    bool newer = lastSeenTimeStamp < real_now_us;
+    if (newer && lastSeenTimeStamp > 0) {
+        /* lastSeenTimeStamp on the monotonic clock: now minus how long ago it was. */
+        uint64_t ago_us = real_now_us - lastSeenTimeStamp;
+        if (ago_us < (now - low) / 1000u)
+            low = now - ago_us * 1000u;
+    }
+    unsigned int processes = newer ? mock_process_busy_locked(i, low, now, busy) : 0;
+    mock_shared_unlock();
+    if (processes == 0) {
+        free(busy);
+        *processSamplesCount = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!utilization || *processSamplesCount < processes) {
+        free(busy);
+        *processSamplesCount = processes;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    uint64_t period = now - low; /* > 0: some process was busy in it */
+    for (unsigned int k = 0; k < processes; k++) {
+        uint64_t percent = (busy[k].busy_ns * 100u + period / 2) / period;
+        utilization[k].pid = (unsigned int)busy[k].pid;
+        utilization[k].timeStamp = real_now_us;
+        utilization[k].smUtil = percent > 100 ? 100u : (unsigned int)percent;
+        utilization[k].memUtil = 0; /* framebuffer, encoder, decoder: not modelled */
+        utilization[k].encUtil = 0;
+        utilization[k].decUtil = 0;
+    }
+    *processSamplesCount = processes;
+    free(busy);
     return NVML_SUCCESS;
 }
 

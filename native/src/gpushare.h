@@ -44,6 +44,7 @@
     X(cuCtxDestroy_v2)                                                                           \
     X(cuDevicePrimaryCtxRetain)                                                                  \
     X(cuDevicePrimaryCtxRelease_v2)                                                              \
+    X(cuDevicePrimaryCtxRelease)                                                                 \
     X(cuMemGetInfo_v2)                                                                           \
     X(cuDeviceTotalMem_v2)                                                                       \
     X(cuLaunchKernel)                                                                            \
@@ -56,7 +57,27 @@
     X(cuGetProcAddress_v2)                                                                       \
     X(cuLaunchKernelEx)                                                                          \
     X(cuLaunchKernelEx_ptsz)                                                                     \
-    X(cuMemPoolTrimTo)
+    X(cuMemPoolTrimTo)                                                                           \
+    X(cuMemPoolCreate)                                                                           \
+    X(cuMemPoolDestroy)                                                                          \
+    X(cuDeviceGetMemPool)                                                                        \
+    X(cuDeviceGetDefaultMemPool)                                                                 \
+    X(cuCtxCreate_v3)                                                                            \
+    X(cuCtxCreate_v4)                                                                            \
+    GS_CUDA_LEGACY_HOOKS(X)
+
+/* The pre-_v2 entry points (32-bit sizes and device pointers) that old binaries call directly
+ * and that cuGetProcAddress hands out for versions below 3020 (cuCtxDestroy: below 4000). */
+#define GS_CUDA_LEGACY_HOOKS(X)                                                                  \
+    X(cuMemAlloc)                                                                                \
+    X(cuMemAllocPitch)                                                                           \
+    X(cuMemFree)                                                                                 \
+    X(cuMemGetInfo)                                                                              \
+    X(cuDeviceTotalMem)                                                                          \
+    X(cuCtxCreate)                                                                               \
+    X(cuCtxDestroy)                                                                              \
+    X(cuArrayCreate)                                                                             \
+    X(cuArray3DCreate)
 
 #define GS_NVML_HOOKS(X)                                                                         \
     X(nvmlDeviceGetMemoryInfo)                                                                   \
@@ -79,9 +100,10 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned 
 /* Entry points we only call. */
 #define GS_CUDA_AUX(X)                                                                           \
     X(cuCtxGetDevice)                                                                            \
-    X(cuMemPoolGetAttribute)                                                                     \
-    X(cuDeviceGetMemPool)                                                                        \
-    X(cuDeviceGetDefaultMemPool)
+    X(cuCtxGetCurrent)                                                                           \
+    X(cuCtxSetCurrent)                                                                           \
+    X(cuStreamGetCtx)                                                                            \
+    X(cuMemPoolGetAttribute)
 
 #define GS_NVML_AUX(X)                                                                           \
     X(nvmlInit_v2)                                                                               \
@@ -204,6 +226,14 @@ typedef CUresult (*gs_free_async_fn)(CUdeviceptr, CUstream);
 CUresult gs_pool_alloc(gs_alloc_async_fn alloc, gs_alloc_pool_fn alloc_from_pool,
                        gs_free_async_fn free_async, CUdeviceptr *pointer, size_t bytes,
                        CUmemoryPool pool, CUstream stream);
+/* Remember which device a pool belongs to (from cuMemPoolCreate's location, or the device whose
+ * default / current pool it is), so that allocations from it are charged there. */
+void gs_pool_note_device(CUmemoryPool pool, int device);
+/* The "device" of a pool in host memory (cuMemPoolCreate with a host / NUMA location): its
+ * allocations pass through uncounted, like cuMemCreate's host allocations. */
+#define GS_POOL_NOT_DEVICE (-2)
+/* A destroyed pool: the driver gives its reservation back; so do we. */
+void gs_pool_forget(CUmemoryPool pool);
 /* Re-read every known pool's reservation and settle the charge (after frees and trims). */
 void gs_pool_settle_all(void);
 void gs_pool_fork_prepare(void);

@@ -96,34 +96,41 @@ static uint64_t add_sat(uint64_t a, uint64_t b) {
     return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *pointer, size_t *pitch, size_t width_bytes,
-                                      size_t height, unsigned int element_size_bytes) {
-    __typeof__(&cuMemAllocPitch_v2) real = REAL(cuMemAllocPitch_v2);
-    if (real == NULL) {
-        return MISSING_REAL;
-    }
-    /* Reserve an estimate (rows padded to 512 bytes), then settle on pitch x height. */
+/*
+ * A pitched allocation is charged pitch x height as the driver returns it. The pitch is only
+ * known afterwards, so an estimate (rows padded to 512 bytes) is reserved first and settled
+ * up or down; if the extra is refused the block is freed and OUT_OF_MEMORY returned. The _v2
+ * and the legacy entry point differ only in their integer widths, hence the callbacks.
+ */
+struct pitch_call {
+    uint64_t width_bytes, height;
+    /* The real allocation, writing the caller's outputs; *pointer, *pitch get their values. */
+    CUresult (*alloc)(const struct pitch_call *call, uint64_t *pointer, uint64_t *pitch);
+    void (*release)(uint64_t pointer); /* undo a successful alloc */
+    void *out_pointer, *out_pitch;
+    unsigned int element_size_bytes;
+};
+
+static CUresult pitched(const struct pitch_call *call) {
     int device = gs_current_device();
-    uint64_t estimate = mul_sat(add_sat(width_bytes, 511) & ~(uint64_t)511, height);
+    uint64_t estimate = mul_sat(add_sat(call->width_bytes, 511) & ~(uint64_t)511, call->height);
     uint64_t charged;
     CUresult rc = gs_reserve(device, estimate, &charged);
     if (rc != CUDA_SUCCESS) {
         return rc;
     }
-    rc = real(pointer, pitch, width_bytes, height, element_size_bytes);
+    uint64_t pointer = 0, pitch = 0;
+    rc = call->alloc(call, &pointer, &pitch);
     if (rc != CUDA_SUCCESS || charged == 0) {
-        finish(rc, GS_KIND_PTR, rc == CUDA_SUCCESS ? *pointer : 0, device, charged);
+        finish(rc, GS_KIND_PTR, pointer, device, charged);
         return rc;
     }
-    uint64_t actual = mul_sat(*pitch, height);
+    uint64_t actual = mul_sat(pitch, call->height);
     if (actual > charged) {
         uint64_t extra;
         CUresult more = gs_reserve(device, actual - charged, &extra);
         if (more != CUDA_SUCCESS) {
-            __typeof__(&cuMemFree_v2) real_free = REAL(cuMemFree_v2);
-            if (real_free != NULL) {
-                (void)real_free(*pointer);
-            }
+            call->release(pointer);
             gs_unreserve(device, charged);
             return more;
         }
@@ -132,8 +139,104 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *pointer, size_t *pitch, size_
         gs_unreserve(device, charged - actual);
         charged = actual;
     }
-    finish(rc, GS_KIND_PTR, *pointer, device, charged);
+    finish(rc, GS_KIND_PTR, pointer, device, charged);
     return rc;
+}
+
+static CUresult pitch_alloc_v2(const struct pitch_call *call, uint64_t *pointer, uint64_t *pitch) {
+    CUdeviceptr *out_pointer = call->out_pointer;
+    size_t *out_pitch = call->out_pitch;
+    CUresult rc = REAL(cuMemAllocPitch_v2)(out_pointer, out_pitch, (size_t)call->width_bytes,
+                                           (size_t)call->height, call->element_size_bytes);
+    if (rc == CUDA_SUCCESS) {
+        *pointer = *out_pointer;
+        *pitch = *out_pitch;
+    }
+    return rc;
+}
+
+static void pitch_release_v2(uint64_t pointer) {
+    __typeof__(&cuMemFree_v2) real_free = REAL(cuMemFree_v2);
+    if (real_free != NULL) {
+        (void)real_free(pointer); /* best effort: the allocation is refused either way */
+    }
+}
+
+GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *pointer, size_t *pitch, size_t width_bytes,
+                                      size_t height, unsigned int element_size_bytes) {
+    if (REAL(cuMemAllocPitch_v2) == NULL) {
+        return MISSING_REAL;
+    }
+    struct pitch_call call = {.width_bytes = width_bytes,
+                              .height = height,
+                              .alloc = pitch_alloc_v2,
+                              .release = pitch_release_v2,
+                              .out_pointer = pointer,
+                              .out_pitch = pitch,
+                              .element_size_bytes = element_size_bytes};
+    return pitched(&call);
+}
+
+/* ---- legacy (pre-_v2) linear memory: 32-bit device pointers and sizes -------------------- */
+
+/* A legacy pointer is recorded zero-extended, the value the _v2 API would show for it. */
+GS_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *pointer, unsigned int bytes) {
+    __typeof__(&cuMemAlloc) real = REAL(cuMemAlloc);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    int device = gs_current_device();
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, bytes, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(pointer, bytes);
+    finish(rc, GS_KIND_PTR, rc == CUDA_SUCCESS ? *pointer : 0, device, charged);
+    return rc;
+}
+
+static CUresult pitch_alloc_v1(const struct pitch_call *call, uint64_t *pointer, uint64_t *pitch) {
+    CUdeviceptr_v1 *out_pointer = call->out_pointer;
+    unsigned int *out_pitch = call->out_pitch;
+    CUresult rc = REAL(cuMemAllocPitch)(out_pointer, out_pitch, (unsigned int)call->width_bytes,
+                                        (unsigned int)call->height, call->element_size_bytes);
+    if (rc == CUDA_SUCCESS) {
+        *pointer = *out_pointer;
+        *pitch = *out_pitch;
+    }
+    return rc;
+}
+
+static void pitch_release_v1(uint64_t pointer) {
+    __typeof__(&cuMemFree) real_free = REAL(cuMemFree);
+    if (real_free != NULL) {
+        (void)real_free((CUdeviceptr_v1)pointer); /* best effort, as for _v2 */
+    }
+}
+
+GS_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *pointer, unsigned int *pitch,
+                                   unsigned int width_bytes, unsigned int height,
+                                   unsigned int element_size_bytes) {
+    if (REAL(cuMemAllocPitch) == NULL) {
+        return MISSING_REAL;
+    }
+    struct pitch_call call = {.width_bytes = width_bytes,
+                              .height = height,
+                              .alloc = pitch_alloc_v1,
+                              .release = pitch_release_v1,
+                              .out_pointer = pointer,
+                              .out_pitch = pitch,
+                              .element_size_bytes = element_size_bytes};
+    return pitched(&call);
+}
+
+GS_EXPORT CUresult cuMemFree(CUdeviceptr_v1 pointer) {
+    __typeof__(&cuMemFree) real = REAL(cuMemFree);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    FREE_BODY(GS_KIND_PTR, pointer, real(pointer));
 }
 
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *pointer, size_t bytes, unsigned int flags) {
@@ -173,6 +276,59 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *pointer, size_t byt
                                                 CUmemoryPool pool, CUstream stream) {
     return gs_pool_alloc(NULL, REAL(cuMemAllocFromPoolAsync_ptsz), REAL(cuMemFreeAsync_ptsz),
                          pointer, bytes, pool, stream);
+}
+
+/* Pools: remember which device each pool the program learns of belongs to, so that
+ * cuMemAllocFromPoolAsync is charged there whatever context is current (pool.c). */
+GS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    __typeof__(&cuMemPoolCreate) real = REAL(cuMemPoolCreate);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    CUresult rc = real(pool, props);
+    if (rc == CUDA_SUCCESS) {
+        /* A host / NUMA pool is not device memory: it passes through uncounted. */
+        gs_pool_note_device(*pool, props->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                                       ? props->location.id
+                                       : GS_POOL_NOT_DEVICE);
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    __typeof__(&cuMemPoolDestroy) real = REAL(cuMemPoolDestroy);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    CUresult rc = real(pool);
+    if (rc == CUDA_SUCCESS) {
+        gs_pool_forget(pool);
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice device) {
+    __typeof__(&cuDeviceGetMemPool) real = REAL(cuDeviceGetMemPool);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    CUresult rc = real(pool, device);
+    if (rc == CUDA_SUCCESS) {
+        gs_pool_note_device(*pool, device);
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice device) {
+    __typeof__(&cuDeviceGetDefaultMemPool) real = REAL(cuDeviceGetDefaultMemPool);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    CUresult rc = real(pool, device);
+    if (rc == CUDA_SUCCESS) {
+        gs_pool_note_device(*pool, device);
+    }
+    return rc;
 }
 
 GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep) {
@@ -269,6 +425,11 @@ static uint64_t element_bytes(CUarray_format format, unsigned int channels) {
 
 static uint64_t dim(size_t value) { return value == 0 ? 1 : value; }
 
+static uint64_t array2d_bytes(uint64_t width, uint64_t height, CUarray_format format,
+                              unsigned int channels) {
+    return mul_sat(mul_sat(width, dim(height)), element_bytes(format, channels));
+}
+
 GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *descriptor) {
     __typeof__(&cuArrayCreate_v2) real = REAL(cuArrayCreate_v2);
     if (real == NULL) {
@@ -277,8 +438,8 @@ GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR 
     if (descriptor == NULL) {
         return real(array, descriptor);
     }
-    uint64_t bytes = mul_sat(mul_sat(descriptor->Width, dim(descriptor->Height)),
-                             element_bytes(descriptor->Format, descriptor->NumChannels));
+    uint64_t bytes = array2d_bytes(descriptor->Width, descriptor->Height, descriptor->Format,
+                                   descriptor->NumChannels);
     int device = gs_current_device();
     uint64_t charged;
     CUresult rc = gs_reserve(device, bytes, &charged);
@@ -330,6 +491,52 @@ GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIP
     return rc;
 }
 
+/* The legacy array entry points: the same charge from the 32-bit descriptors. */
+GS_EXPORT CUresult cuArrayCreate(CUarray *array, const CUDA_ARRAY_DESCRIPTOR_v1 *descriptor) {
+    __typeof__(&cuArrayCreate) real = REAL(cuArrayCreate);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    if (descriptor == NULL) {
+        return real(array, descriptor);
+    }
+    uint64_t bytes = array2d_bytes(descriptor->Width, descriptor->Height, descriptor->Format,
+                                   descriptor->NumChannels);
+    int device = gs_current_device();
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, bytes, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(array, descriptor);
+    finish(rc, GS_KIND_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
+           charged);
+    return rc;
+}
+
+GS_EXPORT CUresult cuArray3DCreate(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR_v1 *descriptor) {
+    __typeof__(&cuArray3DCreate) real = REAL(cuArray3DCreate);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    if (descriptor == NULL) {
+        return real(array, descriptor);
+    }
+    const CUDA_ARRAY3D_DESCRIPTOR wide = {descriptor->Width,  descriptor->Height,
+                                          descriptor->Depth,  descriptor->Format,
+                                          descriptor->NumChannels, descriptor->Flags};
+    int device = gs_current_device();
+    uint64_t charged;
+    CUresult rc = gs_reserve(device, array3d_bytes(&wide, 1), &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(array, descriptor);
+    finish(rc, GS_KIND_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
+           charged);
+    return rc;
+}
+
 GS_EXPORT CUresult cuArrayDestroy(CUarray array) {
     __typeof__(&cuArrayDestroy) real = REAL(cuArrayDestroy);
     if (real == NULL) {
@@ -370,24 +577,90 @@ GS_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
 
 /* ---- contexts: a fixed overhead charge ------------------------------------------------- */
 
+/* Every way of creating a context charges the same overhead (reserved before the driver call,
+ * rolled back if it fails); every way of destroying one gives back what was recorded. */
+static CUresult ctx_reserve(CUdevice device, uint64_t *charged) {
+    return gs_reserve(device, gs_ctx_overhead(), charged);
+}
+
+static void ctx_finish(CUresult rc, const CUcontext *context, CUdevice device, uint64_t charged) {
+    finish(rc, GS_KIND_CTX, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*context : 0, device,
+           charged);
+}
+
 GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *context, unsigned int flags, CUdevice device) {
     __typeof__(&cuCtxCreate_v2) real = REAL(cuCtxCreate_v2);
     if (real == NULL) {
         return MISSING_REAL;
     }
     uint64_t charged;
-    CUresult rc = gs_reserve(device, gs_ctx_overhead(), &charged);
+    CUresult rc = ctx_reserve(device, &charged);
     if (rc != CUDA_SUCCESS) {
         return rc;
     }
     rc = real(context, flags, device);
-    finish(rc, GS_KIND_CTX, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*context : 0, device,
-           charged);
+    ctx_finish(rc, context, device, charged);
+    return rc;
+}
+
+GS_EXPORT CUresult cuCtxCreate(CUcontext *context, unsigned int flags, CUdevice device) {
+    __typeof__(&cuCtxCreate) real = REAL(cuCtxCreate);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    uint64_t charged;
+    CUresult rc = ctx_reserve(device, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(context, flags, device);
+    ctx_finish(rc, context, device, charged);
+    return rc;
+}
+
+/* With execution affinity (an SM-count share): the context still holds its full overhead. */
+GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *context, CUexecAffinityParam *params, int count,
+                                  unsigned int flags, CUdevice device) {
+    __typeof__(&cuCtxCreate_v3) real = REAL(cuCtxCreate_v3);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    uint64_t charged;
+    CUresult rc = ctx_reserve(device, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(context, params, count, flags, device);
+    ctx_finish(rc, context, device, charged);
+    return rc;
+}
+
+GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *context, CUctxCreateParams *params,
+                                  unsigned int flags, CUdevice device) {
+    __typeof__(&cuCtxCreate_v4) real = REAL(cuCtxCreate_v4);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    uint64_t charged;
+    CUresult rc = ctx_reserve(device, &charged);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    rc = real(context, params, flags, device);
+    ctx_finish(rc, context, device, charged);
     return rc;
 }
 
 GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext context) {
     __typeof__(&cuCtxDestroy_v2) real = REAL(cuCtxDestroy_v2);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    FREE_BODY(GS_KIND_CTX, (uint64_t)(uintptr_t)context, real(context));
+}
+
+GS_EXPORT CUresult cuCtxDestroy(CUcontext context) {
+    __typeof__(&cuCtxDestroy) real = REAL(cuCtxDestroy);
     if (real == NULL) {
         return MISSING_REAL;
     }
@@ -428,22 +701,56 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device)
     return rc;
 }
 
+/* The last release of the process gives the overhead back. */
+static void primary_released(CUresult rc, CUdevice device) {
+    if (rc == CUDA_SUCCESS && device >= 0 && device < GS_MAX_DEVICES &&
+        gs_primary_ref(device, -1) == 1) {
+        gs_unreserve(device, atomic_exchange(&primary_charged[device], 0));
+    }
+}
+
 GS_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
     __typeof__(&cuDevicePrimaryCtxRelease_v2) real = REAL(cuDevicePrimaryCtxRelease_v2);
     if (real == NULL) {
         return MISSING_REAL;
     }
     CUresult rc = real(device);
-    if (rc == CUDA_SUCCESS && device >= 0 && device < GS_MAX_DEVICES &&
-        gs_primary_ref(device, -1) == 1) {
-        gs_unreserve(device, atomic_exchange(&primary_charged[device], 0));
+    primary_released(rc, device);
+    return rc;
+}
+
+/* The pre-11.0 name of the same call (cuGetProcAddress hands it out below 11000). */
+GS_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+    __typeof__(&cuDevicePrimaryCtxRelease) real = REAL(cuDevicePrimaryCtxRelease);
+    if (real == NULL) {
+        return MISSING_REAL;
     }
+    CUresult rc = real(device);
+    primary_released(rc, device);
     return rc;
 }
 
 /* ---- what programs see ----------------------------------------------------------------- */
 
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* The slice of the current device: total = min(limit, real total), free = total - usage (at
+ * least 0) and never more than the real free memory. Unchanged without a limit. */
+static void slice_info(uint64_t *free_bytes, uint64_t *total_bytes) {
+    if (gs_init() != CUDA_SUCCESS) {
+        return;
+    }
+    int device = gs_current_device();
+    uint64_t limit = gs_limit(device);
+    if (limit == 0) {
+        return;
+    }
+    uint64_t total = min_u64(limit, *total_bytes);
+    uint64_t used = gs_state_used(device);
+    uint64_t left = used >= total ? 0 : total - used;
+    *total_bytes = total;
+    *free_bytes = min_u64(left, *free_bytes);
+}
 
 GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     __typeof__(&cuMemGetInfo_v2) real = REAL(cuMemGetInfo_v2);
@@ -452,26 +759,66 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     }
     size_t real_free = 0, real_total = 0;
     CUresult rc = real(&real_free, &real_total);
-    if (rc == CUDA_SUCCESS && gs_init() == CUDA_SUCCESS) {
-        int device = gs_current_device();
-        uint64_t limit = gs_limit(device);
-        if (limit != 0) {
-            uint64_t total = min_u64(limit, real_total);
-            uint64_t used = gs_state_used(device);
-            uint64_t left = used >= total ? 0 : total - used;
-            real_total = (size_t)total;
-            real_free = (size_t)min_u64(left, real_free);
-        }
+    if (rc != CUDA_SUCCESS) {
+        return rc;
     }
-    if (rc == CUDA_SUCCESS) {
-        if (free_bytes != NULL) {
-            *free_bytes = real_free;
-        }
-        if (total_bytes != NULL) {
-            *total_bytes = real_total;
-        }
+    uint64_t free64 = real_free, total64 = real_total;
+    slice_info(&free64, &total64);
+    if (free_bytes != NULL) {
+        *free_bytes = (size_t)free64;
+    }
+    if (total_bytes != NULL) {
+        *total_bytes = (size_t)total64;
     }
     return rc;
+}
+
+/* The legacy queries report 32 bits; like the driver, sizes that do not fit read UINT_MAX. */
+static unsigned int clamp_u32(uint64_t value) {
+    return value > UINT_MAX ? UINT_MAX : (unsigned int)value;
+}
+
+/* The slice is computed from the full sizes (the _v2 query when the driver has it), so a slice
+ * that fits in 32 bits is reported exactly even on a GPU whose memory does not. */
+GS_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes) {
+    __typeof__(&cuMemGetInfo) real = REAL(cuMemGetInfo);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    __typeof__(&cuMemGetInfo_v2) real_v2 = REAL(cuMemGetInfo_v2);
+    uint64_t free64 = 0, total64 = 0;
+    CUresult rc;
+    if (real_v2 != NULL) {
+        size_t f = 0, t = 0;
+        rc = real_v2(&f, &t);
+        free64 = f;
+        total64 = t;
+    } else {
+        unsigned int f = 0, t = 0;
+        rc = real(&f, &t);
+        free64 = f;
+        total64 = t;
+    }
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    slice_info(&free64, &total64);
+    if (free_bytes != NULL) {
+        *free_bytes = clamp_u32(free64);
+    }
+    if (total_bytes != NULL) {
+        *total_bytes = clamp_u32(total64);
+    }
+    return rc;
+}
+
+/* min(limit, real total) for a device with a limit; unchanged otherwise. */
+static uint64_t slice_total(CUdevice device, uint64_t total) {
+    if (gs_init() != CUDA_SUCCESS) {
+        return total;
+    }
+    uint64_t limit = gs_limit(device);
+    return limit != 0 ? min_u64(limit, total) : total;
 }
 
 GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {
@@ -480,11 +827,29 @@ GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {
         return MISSING_REAL;
     }
     CUresult rc = real(bytes, device);
-    if (rc == CUDA_SUCCESS && bytes != NULL && gs_init() == CUDA_SUCCESS) {
-        uint64_t limit = gs_limit(device);
-        if (limit != 0) {
-            *bytes = (size_t)min_u64(limit, *bytes);
+    if (rc == CUDA_SUCCESS && bytes != NULL) {
+        *bytes = (size_t)slice_total(device, *bytes);
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice device) {
+    __typeof__(&cuDeviceTotalMem) real = REAL(cuDeviceTotalMem);
+    if (real == NULL) {
+        return MISSING_REAL;
+    }
+    __typeof__(&cuDeviceTotalMem_v2) real_v2 = REAL(cuDeviceTotalMem_v2);
+    if (real_v2 == NULL || bytes == NULL) {
+        CUresult rc = real(bytes, device);
+        if (rc == CUDA_SUCCESS && bytes != NULL) {
+            *bytes = clamp_u32(slice_total(device, *bytes));
         }
+        return rc;
+    }
+    size_t total = 0;
+    CUresult rc = real_v2(&total, device);
+    if (rc == CUDA_SUCCESS) {
+        *bytes = clamp_u32(slice_total(device, total));
     }
     return rc;
 }

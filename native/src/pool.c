@@ -15,6 +15,7 @@
  * refused the allocation is undone (freed and the pool trimmed) and OUT_OF_MEMORY returned.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "gpushare.h"
@@ -31,9 +32,18 @@ struct pool_record {
     uint64_t charged; /* reservation charged to the limit */
 };
 
+/* Which device a pool belongs to, as learnt from cuMemPoolCreate / cuDeviceGet(Default)MemPool
+ * (the driver has no query for it). */
+struct pool_home {
+    CUmemoryPool pool;
+    int device;
+};
+
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct pool_record pools[GS_MAX_POOLS];
 static int pool_count;
+static struct pool_home homes[GS_MAX_POOLS];
+static int home_count;
 
 static int query(CUmemoryPool pool, CUmemPool_attribute attribute, uint64_t *value) {
     get_attr_fn get = (get_attr_fn)gs_real_cuda(GS_FN_cuMemPoolGetAttribute);
@@ -95,6 +105,58 @@ void gs_pool_settle_all(void) {
     unlock_pools();
 }
 
+void gs_pool_note_device(CUmemoryPool pool, int device) {
+    if (pool == NULL || (device < 0 && device != GS_POOL_NOT_DEVICE)) {
+        return;
+    }
+    lock_pools();
+    int i = 0;
+    while (i < home_count && homes[i].pool != pool) {
+        i++;
+    }
+    if (i < GS_MAX_POOLS) { /* table full: that pool's device is found by the scan below */
+        homes[i].pool = pool;
+        homes[i].device = device;
+        home_count = i == home_count ? home_count + 1 : home_count;
+    }
+    unlock_pools();
+}
+
+/* The driver releases a destroyed pool's reservation, so its charge goes back. (A pool destroyed
+ * with blocks still allocated keeps them until they are freed; those bytes are then uncounted,
+ * the price of not tracking every block.) The handle may be reused: forget its device too. */
+void gs_pool_forget(CUmemoryPool pool) {
+    lock_pools();
+    for (int i = 0; i < home_count; i++) {
+        if (homes[i].pool == pool) {
+            homes[i] = homes[--home_count];
+            break;
+        }
+    }
+    for (int i = 0; i < pool_count; i++) {
+        if (pools[i].pool == pool) {
+            gs_unreserve(pools[i].device, pools[i].charged);
+            pools[i] = pools[--pool_count];
+            break;
+        }
+    }
+    unlock_pools();
+}
+
+/* The recorded device (or GS_POOL_NOT_DEVICE); -1 when the pool is not recorded. */
+static int recorded_device(CUmemoryPool pool) {
+    int device = -1;
+    lock_pools();
+    for (int i = 0; i < home_count; i++) {
+        if (homes[i].pool == pool) {
+            device = homes[i].device;
+            break;
+        }
+    }
+    unlock_pools();
+    return device;
+}
+
 static CUresult call_alloc(gs_alloc_async_fn alloc, gs_alloc_pool_fn alloc_from_pool,
                            CUdeviceptr *pointer, size_t bytes, CUmemoryPool pool,
                            CUstream stream) {
@@ -133,10 +195,14 @@ static CUmemoryPool current_pool(int device) {
     return NULL;
 }
 
-/* The device a pool belongs to: the device whose current or default pool it is. A pool made
- * with cuMemPoolCreate is neither (its device is in the creation properties, which we do not
- * record): -1, and the caller falls back to the current context's device. */
+/* The device a pool belongs to: recorded when the program created or looked the pool up, else
+ * the device whose current or default pool it is (a handle obtained some other way); -1 when
+ * neither tells, and the caller falls back to the current context's device. */
 static int pool_device(CUmemoryPool pool) {
+    int recorded = recorded_device(pool);
+    if (recorded != -1) {
+        return recorded;
+    }
     get_pool_fn get_current = (get_pool_fn)gs_real_cuda(GS_FN_cuDeviceGetMemPool);
     get_pool_fn get_default = (get_pool_fn)gs_real_cuda(GS_FN_cuDeviceGetDefaultMemPool);
     for (int device = 0; device < GS_MAX_DEVICES && get_default != NULL; device++) {
@@ -156,6 +222,45 @@ static int pool_device(CUmemoryPool pool) {
     return -1;
 }
 
+/* The device of a context other than the current one. The driver has no query for it, so the
+ * context is made current on this thread for one cuCtxGetDevice and the caller's context is
+ * restored; no other thread can observe the switch. -1 when that fails. */
+static int context_device(CUcontext context, CUcontext current) {
+    typedef CUresult (*set_fn)(CUcontext);
+    set_fn set = (set_fn)gs_real_cuda(GS_FN_cuCtxSetCurrent);
+    if (set == NULL || set(context) != CUDA_SUCCESS) {
+        return -1;
+    }
+    int device = gs_current_device();
+    if (set(current) != CUDA_SUCCESS) {
+        /* Cannot happen for a context that was current a moment ago; nothing to do but say so. */
+        (void)fprintf(stderr, "gpushare: could not restore the current CUDA context\n");
+    }
+    return device;
+}
+
+/* The device of the context a stream belongs to (cuMemAllocAsync allocates from that device's
+ * current pool). The default streams mean the current context. Unknown: the current device. */
+#define GS_STREAM_LEGACY ((CUstream)0x1)
+#define GS_STREAM_PER_THREAD ((CUstream)0x2)
+
+static int stream_device(CUstream stream) {
+    if (stream == NULL || stream == GS_STREAM_LEGACY || stream == GS_STREAM_PER_THREAD) {
+        return gs_current_device();
+    }
+    typedef CUresult (*get_ctx_fn)(CUstream, CUcontext *);
+    typedef CUresult (*current_fn)(CUcontext *);
+    get_ctx_fn get_ctx = (get_ctx_fn)gs_real_cuda(GS_FN_cuStreamGetCtx);
+    current_fn get_current = (current_fn)gs_real_cuda(GS_FN_cuCtxGetCurrent);
+    CUcontext owner = NULL, current = NULL;
+    if (get_ctx == NULL || get_current == NULL || get_ctx(stream, &owner) != CUDA_SUCCESS ||
+        get_current(&current) != CUDA_SUCCESS || owner == NULL || owner == current) {
+        return gs_current_device();
+    }
+    int device = context_device(owner, current);
+    return device >= 0 ? device : gs_current_device();
+}
+
 CUresult gs_pool_alloc(gs_alloc_async_fn alloc, gs_alloc_pool_fn alloc_from_pool,
                        gs_free_async_fn free_async, CUdeviceptr *pointer, size_t bytes,
                        CUmemoryPool pool, CUstream stream) {
@@ -166,10 +271,12 @@ CUresult gs_pool_alloc(gs_alloc_async_fn alloc, gs_alloc_pool_fn alloc_from_pool
     if (rc != CUDA_SUCCESS) {
         return rc;
     }
-    int device = alloc_from_pool != NULL && pool != NULL ? pool_device(pool) : -1;
-    if (device < 0) {
+    int device = alloc_from_pool != NULL && pool != NULL ? pool_device(pool)
+                                                         : stream_device(stream);
+    if (device == -1) {
         device = gs_current_device();
     }
+    /* gs_limit is 0 for GS_POOL_NOT_DEVICE too: a host pool passes through. */
     if (gs_limit(device) == 0 || bytes == 0 || pointer == NULL) {
         return call_alloc(alloc, alloc_from_pool, pointer, bytes, pool, stream);
     }
@@ -237,5 +344,6 @@ void gs_pool_fork_parent(void) { unlock_pools(); }
 /* The child's pools are copies whose reservations the parent's slot pays for: start afresh. */
 void gs_pool_fork_child(void) {
     pool_count = 0;
+    home_count = 0;
     unlock_pools();
 }

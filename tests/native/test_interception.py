@@ -29,6 +29,7 @@ PROGRAMS = [
     "intercept_graph",
     "intercept_info",
     "intercept_launch",
+    "intercept_legacy",
     "intercept_pooldev",
     "intercept_procaddress",
     "intercept_procs",
@@ -187,17 +188,93 @@ def test_each_api_is_limited(container: Env, api: str) -> None:
         assert int(v["used_pool_kept"]) == OVERHEAD + charge
 
 
+@pytest.mark.parametrize("mode", ["default", "current", "created", "stream"])
 def test_pool_allocation_charges_the_pools_device(
-    lib_build: Path, tmp_path: Path, mock_config: Callable[..., Path]
+    lib_build: Path, tmp_path: Path, mock_config: Callable[..., Path], mode: str
 ) -> None:
-    # Context on device 0 (no limit there), allocation from device 1's pool (1 GiB limit).
+    # Context on device 0 (no limit there); the allocation lands on device 1 (1 GiB limit):
+    # from its default / current pool, a pool created there, or a stream of a device-1 context.
     devices = [*DEVICES, dict(DEVICES[0], uuid="GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee")]
     env = Env(lib_build, tmp_path, mock_config(devices=devices))
     env.limits(f"memory_limit_bytes.1=1GiB\nstate_dir={env.state_dir}\n")
-    assert ok(env.run("intercept_pooldev", 512 * MIB))["rc"] == "0"
-    result = env.run("intercept_pooldev", 2 * GIB)
-    assert ok(result)["rc"] == "2"  # refused against device 1's limit
+    assert ok(env.run("intercept_pooldev", mode, 512 * MIB))["rc"] == "0"
+    result = env.run("intercept_pooldev", mode, 2 * GIB)
+    v = ok(result)
+    assert v["rc"] == "2"  # refused against device 1's limit
     assert OOM_LINE.findall(result.stderr) == ["1"], result.stderr
+    if mode == "stream":
+        assert v["current_kept"] == "1"  # the caller's context is current again
+
+
+# ---- legacy (pre-_v2) entry points and the newer context versions --------------------------
+
+V1_MAX = (1 << 32) - 1
+
+
+def test_legacy_entry_points_are_limited(container: Env) -> None:
+    limit = GIB
+    container.default_limits(limit)
+    result = container.run("intercept_legacy", "alloc", 2 * GIB)
+    v = ok(result)
+    assert int(v["used_ctx"]) == OVERHEAD and int(v["used_ctx_v1"]) == OVERHEAD  # cuCtxCreate
+    assert int(v["used_alloc"]) == OVERHEAD + 100 * MIB  # cuMemAlloc
+    assert v["pitch"] == "1024"
+    assert int(v["used_pitch"]) == OVERHEAD + 100 * MIB + 1024 * 2048  # pitch x height
+    assert v["refused_rc"] == "2" and v["refused_pitch_rc"] == "2"
+    assert int(v["used_freed"]) == OVERHEAD  # cuMemFree gave back what was charged
+    assert int(v["used_array"]) == OVERHEAD + 16 * MIB  # 1024^2 x float4
+    assert int(v["used_array3d"]) == OVERHEAD + 17 * MIB  # + 256 x 256 x 16 bytes
+    assert v["refused_array_rc"] == "2"
+    assert int(v["used_arrays_freed"]) == OVERHEAD
+    # The 32-bit queries show the slice (it fits: exact).
+    assert int(v["v1_total"]) == limit and int(v["v1_device_total"]) == limit
+    assert int(v["v1_free"]) == limit - OVERHEAD
+    # cuCtxDestroy released the legacy context; _v3 and _v4 contexts are charged the overhead.
+    assert int(v["used_v3"]) == OVERHEAD
+    assert int(v["used_v4"]) == 2 * OVERHEAD
+    assert int(v["used_v4_destroyed"]) == OVERHEAD
+    # The pre-11.0 cuDevicePrimaryCtxRelease released the primary context's charge.
+    assert int(v["used_primary"]) == OVERHEAD and int(v["used_primary_released"]) == OVERHEAD
+    assert OOM_LINE.findall(result.stderr) == ["0", "0", "0"], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("limit", "total", "free"),
+    [
+        (10 * GIB, V1_MAX, V1_MAX),  # a slice over 4 GiB reads UINT_MAX, as from the driver
+        (3 * GIB, 3 * GIB, 3 * GIB - OVERHEAD),
+        (None, V1_MAX, V1_MAX),  # no limit: the driver's own (clamped) answer
+    ],
+)
+def test_legacy_queries_clamp_to_32_bits(
+    container: Env, limit: int | None, total: int, free: int
+) -> None:
+    if limit is None:
+        container.limits(f"state_dir={container.state_dir}\n")
+    else:
+        container.default_limits(limit)
+    v = ok(container.run("intercept_legacy", "info"))
+    assert int(v["v1_total"]) == total and int(v["v1_device_total"]) == total
+    assert int(v["v1_free"]) == free
+
+
+def test_every_context_version_is_charged(container: Env) -> None:
+    container.default_limits(OVERHEAD + OVERHEAD // 2)  # room for one context
+    result = container.run("intercept_legacy", "contexts")
+    v = ok(result)
+    assert v["v4_rc"] == "2" and v["v2_rc"] == "2" and v["v1_rc"] == "2"
+    assert v["v4_after_rc"] == "0"
+    assert OOM_LINE.findall(result.stderr) == ["0", "0", "0"], result.stderr
+
+
+def test_get_proc_address_old_versions(container: Env) -> None:
+    container.default_limits(GIB)
+    v = ok(container.run("intercept_legacy", "procaddress", 2 * GIB))
+    hooks = [k for k in v if "@" in k]
+    assert len(hooks) == 12
+    assert all(v[k] == "1" for k in hooks), v  # each resolved to our hook
+    assert v["alloc_rc"] == "2"  # the legacy cuMemAlloc handed out is limited
+    assert int(v["info_total"]) == GIB
 
 
 def test_refusal_line_names_device_limit_and_usage(container: Env) -> None:
@@ -618,7 +695,9 @@ def test_no_core_limit_does_not_throttle(container: Env) -> None:
 
 def test_asan_ubsan(tmp_path: Path, mock_config: Callable[..., Path]) -> None:
     build = _make("build/asan", SAN["asan"])
-    env = Env(build, tmp_path, mock_config(devices=DEVICES), preload=_runtime("asan"))
+    # Two devices: intercept_pooldev allocates on device 1 with a device-0 context current.
+    devices = [*DEVICES, dict(DEVICES[0], uuid="GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee")]
+    env = Env(build, tmp_path, mock_config(devices=devices), preload=_runtime("asan"))
     env.default_limits(GIB)
     for program, args in [
         ("intercept_alloc", ("alloc", 600 * MIB)),
@@ -626,6 +705,10 @@ def test_asan_ubsan(tmp_path: Path, mock_config: Callable[..., Path]) -> None:
         ("intercept_alloc", ("mipmap", 600 * MIB)),
         ("intercept_dlsym", (2 * GIB,)),
         ("intercept_procaddress", (2 * GIB,)),
+        ("intercept_legacy", ("alloc", 2 * GIB)),
+        ("intercept_legacy", ("procaddress", 2 * GIB)),
+        ("intercept_pooldev", ("stream", 2 * GIB)),
+        ("intercept_pooldev", ("created", 2 * GIB)),
         ("intercept_fork", (100 * MIB,)),
         ("intercept_stress", (4, 500, 64 * MIB)),
         ("intercept_launch", (200, 1000)),

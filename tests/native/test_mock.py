@@ -4,6 +4,7 @@ VMM, arrays, cuGetProcAddress, the kernel timeline and NVML utilisation, config 
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -115,9 +116,26 @@ def test_killed_process_memory_is_reclaimed(run_mock, popen_mock, mock_config):
     [
         ("cuMemAlloc", 12000, 0, 0, "cuMemAlloc_v2"),
         ("cuMemAlloc", 3020, 0, 0, "cuMemAlloc_v2"),
-        ("cuMemAlloc", 3000, 0, 2, "NULL"),  # only the 32-bit ABI existed: not provided
+        ("cuMemAlloc", 3000, 0, 0, "cuMemAlloc"),  # the legacy 32-bit ABI
+        ("cuMemAllocPitch", 2000, 0, 0, "cuMemAllocPitch"),
+        ("cuMemFree", 3010, 0, 0, "cuMemFree"),
+        ("cuMemGetInfo", 3000, 0, 0, "cuMemGetInfo"),
+        ("cuDeviceTotalMem", 3000, 0, 0, "cuDeviceTotalMem"),
+        ("cuArrayCreate", 3000, 0, 0, "cuArrayCreate"),
+        ("cuArray3DCreate", 3000, 0, 0, "cuArray3DCreate"),
+        ("cuCtxDestroy", 3020, 0, 0, "cuCtxDestroy"),
+        ("cuCtxDestroy", 4000, 0, 0, "cuCtxDestroy_v2"),
+        ("cuMemAlloc", 1000, 0, 2, "NULL"),  # older than any export
         ("cuMemGetInfo", 11000, 0, 0, "cuMemGetInfo_v2"),
-        ("cuCtxCreate", 12080, 0, 0, "cuCtxCreate_v2"),
+        ("cuCtxCreate", 3000, 0, 0, "cuCtxCreate"),
+        ("cuCtxCreate", 11030, 0, 0, "cuCtxCreate_v2"),
+        ("cuCtxCreate", 11040, 0, 0, "cuCtxCreate_v3"),
+        ("cuCtxCreate", 12040, 0, 0, "cuCtxCreate_v3"),
+        ("cuCtxCreate", 12050, 0, 0, "cuCtxCreate_v4"),
+        ("cuCtxCreate", 12080, 0, 0, "cuCtxCreate_v4"),
+        ("cuStreamGetCtx", 12000, 0, 0, "cuStreamGetCtx"),
+        ("cuMemPoolCreate", 12000, 0, 0, "cuMemPoolCreate"),
+        ("cuDeviceGetMemPool", 12000, 0, 0, "cuDeviceGetMemPool"),
         ("cuLaunchKernel", 12000, 0, 0, "cuLaunchKernel"),
         ("cuLaunchKernel", 12000, 1, 0, "cuLaunchKernel"),
         ("cuLaunchKernel", 12000, 2, 0, "cuLaunchKernel_ptsz"),
@@ -128,6 +146,7 @@ def test_killed_process_memory_is_reclaimed(run_mock, popen_mock, mock_config):
         ("cuGetProcAddress", 11030, 0, 0, "cuGetProcAddress"),
         ("cuGetProcAddress", 12000, 0, 0, "cuGetProcAddress_v2"),
         ("cuDevicePrimaryCtxRelease", 11000, 0, 0, "cuDevicePrimaryCtxRelease_v2"),
+        ("cuDevicePrimaryCtxRelease", 10020, 0, 0, "cuDevicePrimaryCtxRelease"),
         ("cuDeviceGetName", 12000, 0, 0, "cuDeviceGetName"),
         ("cuNoSuchFunction", 12000, 0, 1, "NULL"),
     ],
@@ -329,3 +348,75 @@ def test_node_calls_under_asan_and_ubsan(run_mock, mock_config, native_asan_buil
         timeout=60,
     )
     assert values["failures"] == "0"
+
+
+# -- per-process utilisation: nvmlDeviceGetProcessUtilization from the kernel timeline ---------
+
+
+def test_process_utilisation_contract(run_mock, mock_config):
+    values = run_ok(run_mock, "mock_procutil", "api", config=mock_config())
+    assert values["failures"] == "0"  # uninitialised, NULL count and bad handle rejected
+    assert values["size_query_count"] == "1"  # NULL buffer: INSUFFICIENT_SIZE and the count
+    assert values["small_buffer_count"] == "1"
+    assert values["samples"] == "1"
+    assert values["pid_is_self"] == "1"
+    # A 50 ms kernel, asked since just before it: its share of the period since then.
+    period_us = int(values["period_us"])
+    assert period_us >= 50000
+    assert abs(int(values["sm_util"]) - 100 * 50000 / period_us) <= 1.5
+    assert values["mem_enc_dec"] == "0"
+    assert values["timestamp_in_call"] == "1"  # CLOCK_REALTIME microseconds
+    assert values["after_last_seen_rc"] == "6"  # NOT_FOUND: nothing ran since that sample
+    assert values["after_last_seen_count"] == "0"
+    assert values["future_rc"] == "6"
+    assert values["other_device_rc"] == "6"
+    # lastSeenTimeStamp 0: over utilization_window_ms (1000), as the device's utilisation.
+    assert values["since_zero_samples"] == "1"
+    assert 1 <= int(values["since_zero_sm_util"]) <= 6  # 50 ms of the last 1000
+    assert abs(int(values["since_zero_sm_util"]) - int(values["device_util"])) <= 1
+
+
+def test_back_to_back_kernels_of_two_processes_stay_apart(run_mock, mock_config):
+    config = mock_config(utilization_window_ms=60000)
+    values = run_ok(run_mock, "mock_procutil", "split", "200000", "100000", config=config)
+    assert values["failures"] == "0"
+    assert float(values["parent_wait_ms"]) >= 250  # queued right behind the child's kernel
+    assert values["samples"] == "2"
+    child, parent = int(values["child_util"]), int(values["parent_util"])
+    # 200 ms against 100 ms (each rounded to a percent), not one merged interval.
+    assert parent >= 5 and abs(child - 2 * parent) <= 1.5
+    assert child + parent <= 100
+
+
+def test_process_utilisation_reflects_each_process_share(run_mock, popen_mock, mock_config):
+    config = mock_config(utilization_window_ms=60000)
+    since = time.time_ns() // 1000
+    heavy = popen_mock("mock_hold", "0", "0", "300000", config=config)  # queues 300 ms
+    heavy_pid = wait_ready(heavy)
+    run_ok(run_mock, "mock_timeline", "queue", "1", "100000", config=config)  # 100 ms, synced
+    seen = run_ok(run_mock, "mock_procutil", "query", "0", str(since), config=config)
+    assert seen["rc"] == "0"
+    assert seen["samples"] == "2"
+    util = {int(p): int(u) for p, u, _ in (s.split(":") for s in seen["pids"].split(","))}
+    light_util = next(u for p, u in util.items() if p != heavy_pid)
+    # 300 ms against 100 ms, each rounded to a percent of the period since `since`.
+    assert light_util >= 1 and abs(util[heavy_pid] - 3 * light_util) <= 2
+    assert util[heavy_pid] + light_util <= 100
+    other = run_ok(run_mock, "mock_procutil", "query", "1", str(since), config=config)
+    assert other["rc"] == "6"  # nothing ran on device 1: NOT_FOUND
+    heavy.stdin.write("release\n")
+    heavy.stdin.flush()
+    assert heavy.wait(timeout=10) == 0
+
+
+def test_process_utilisation_under_asan_and_ubsan(run_mock, mock_config, native_asan_build):
+    for args in (("api",), ("split", "20000", "10000")):
+        values = run_ok(
+            run_mock,
+            "mock_procutil",
+            *args,
+            config=mock_config(),
+            build=native_asan_build,
+            timeout=60,
+        )
+        assert values["failures"] == "0", args

@@ -170,6 +170,89 @@ CUresult cuGetProcAddress(const char *symbol, void **function, int cuda_version,
 CUresult cuGetProcAddress_v2(const char *symbol, void **function, int cuda_version,
                              cuuint64_t flags, CUdriverProcAddressQueryResult *status);
 
+/* Legacy (pre-_v2, CUDA < 3.2) entry points, still exported by the driver for programs built
+ * against old headers (cuda.h declares them under __CUDA_API_VERSION_INTERNAL): 32-bit device
+ * pointers and sizes, and array descriptors with unsigned int dimensions. */
+typedef unsigned int CUdeviceptr_v1;
+
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice device);
+CUresult cuCtxCreate(CUcontext *context, unsigned int flags, CUdevice device);
+CUresult cuCtxDestroy(CUcontext context);
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
+CUresult cuMemAlloc(CUdeviceptr_v1 *pointer, unsigned int bytes);
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *pointer, unsigned int *pitch, unsigned int width_bytes,
+                         unsigned int height, unsigned int element_size_bytes);
+CUresult cuMemFree(CUdeviceptr_v1 pointer);
+CUresult cuArrayCreate(CUarray *array, const CUDA_ARRAY_DESCRIPTOR_v1 *descriptor);
+CUresult cuArray3DCreate(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR_v1 *descriptor);
+CUresult cuDevicePrimaryCtxRelease(CUdevice device); /* before 11.0; same ABI as _v2 */
+
+/* Context creation with execution affinity (CUDA 11.4) and with creation parameters (12.5). */
+typedef enum {
+    CU_EXEC_AFFINITY_TYPE_SM_COUNT = 0,
+} CUexecAffinityType;
+
+typedef struct {
+    unsigned int val;
+} CUexecAffinitySmCount;
+
+typedef struct {
+    CUexecAffinityType type;
+    union {
+        CUexecAffinitySmCount smCount;
+    } param;
+} CUexecAffinityParam;
+
+typedef struct CUctxCigParam_st CUctxCigParam; /* only passed through */
+
+typedef struct {
+    CUexecAffinityParam *execAffinityParams;
+    int numExecAffinityParams;
+    CUctxCigParam *cigParams;
+} CUctxCreateParams;
+
+CUresult cuCtxCreate_v3(CUcontext *context, CUexecAffinityParam *params, int count,
+                        unsigned int flags, CUdevice device);
+CUresult cuCtxCreate_v4(CUcontext *context, CUctxCreateParams *params, unsigned int flags,
+                        CUdevice device);
+
+/* Which device a stream-ordered allocation lands on: the stream's context, a pool's location. */
+typedef enum {
+    CU_MEM_HANDLE_TYPE_NONE = 0x0,
+} CUmemAllocationHandleType;
+
+typedef struct {
+    CUmemAllocationType allocType;
+    CUmemAllocationHandleType handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+CUresult cuStreamGetCtx(CUstream stream, CUcontext *context);
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice device);
+CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool);
+
 /* ---- NVML ------------------------------------------------------------------------------ */
 
 typedef int nvmlReturn_t;
@@ -228,6 +311,21 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization);
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
                                                      nvmlProcessInfo_t *infos);
+
+/* Per-process utilisation: one sample per process that ran on the device since the timestamp. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp; /* CPU timestamp in microseconds */
+    unsigned int smUtil;          /* percent */
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                             nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp);
 const char *nvmlErrorString(nvmlReturn_t result);
 
 /* ---- Appended for the mock driver (values and layouts from NVIDIA's public headers) ------ */
