@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from monitor_helpers import NATIVE
 
-PROGRAMS = ["intercept_worker", "intercept_alloc", "mock_hold"]
+PROGRAMS = ["intercept_worker", "intercept_alloc", "mock_hold", "mock_procutil"]
 
 
 @pytest.fixture(scope="session")

@@ -206,6 +206,10 @@ def sampler(config: Path) -> Callable[[], list[GpuSample]]:
         samples = []
         for item in json.loads(out):
             item["processes"] = tuple(GpuProcess(**p) for p in item["processes"])
+            if item["process_utilization"] is not None:  # JSON made the pids strings
+                item["process_utilization"] = {
+                    int(pid): ratio for pid, ratio in item["process_utilization"].items()
+                }
             samples.append(GpuSample(**item))
         return samples
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from monitor_helpers import (
+    DEVICES,
     GPU0,
     GPU1,
     MIB,
@@ -178,14 +179,89 @@ def test_metrics_from_mock_nvml_and_real_state_files(node) -> None:
     assert _one(m["gpushare_container_refused_allocations_total"], pod="a") == 1
     b = {"namespace": "team", "pod": "b", "gpu_uuid": GPU0}
     assert _one(m["gpushare_container_nvml_memory_used_bytes"], **b) == 400 * MIB
-    # c is alone on GPU1 (busy with its kernel): the GPU's utilisation is c's. GPU0 has three
-    # containers and the mock has no per-process figures: no series for them.
+    # c's kernel keeps GPU1 busy: per process, c has what the GPU has (the first scrape's
+    # period is the mock's last second, as the GPU's utilisation; asked a moment apart). The
+    # containers on GPU0 ran no kernel: 0, each.
     busy = _one(m["gpushare_gpu_utilization_ratio"], gpu_uuid=GPU1)
     assert busy > 0  # the mock averages over its last second: rising since the kernel began
-    assert _one(m["gpushare_container_compute_utilization_ratio"], pod="c") == busy
-    assert not [k for k, _ in m["gpushare_container_compute_utilization_ratio"] if k["pod"] == "a"]
+    c_util = _one(m["gpushare_container_compute_utilization_ratio"], pod="c")
+    assert c_util == pytest.approx(busy, abs=0.02)
+    for name in ("a", "b", "greedy"):
+        assert _one(m["gpushare_container_compute_utilization_ratio"], pod=name) == 0
     assert _one(m["gpushare_monitor_state_file_errors"]) == 0
     assert _one(m["gpushare_monitor_pods_synced"]) == 1
+
+
+def _kernel_runner(native_build: Path, config: Path, mib: int) -> subprocess.Popen[str]:
+    """mock_procutil hold: a context and memory on GPU0; runs a kernel when told."""
+    runner = subprocess.Popen(
+        [str(native_build / "tests" / "mock_procutil"), "hold", "0", str(mib)],
+        env=mock_env(config),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert runner.stdout is not None
+    line = runner.stdout.readline()
+    if not line.startswith("ready"):
+        runner.kill()
+        raise AssertionError(f"mock_procutil hold: {line!r} {runner.communicate()[1]}")
+    return runner
+
+
+def test_containers_sharing_a_gpu_get_their_own_kernel_time(
+    native_build: Path, tmp_path: Path, proc_root: Path
+) -> None:
+    """x and y share GPU0; between two scrapes x runs 300 ms of kernels and y 100 ms (queued
+    on the one timeline): each gets its kernel time over the time between the scrapes."""
+    config = tmp_path / "mock.json"
+    config.write_text(json.dumps({"utilization_window_ms": 60000, "devices": DEVICES}))
+    pods = [pod(name, {"main": [share(GPU0, 0, 1024)]}) for name in ("x", "y")]
+    pods_file = tmp_path / "pods.json"
+    pods_file.write_text(json.dumps({"kind": "List", "items": [*pods, node_object()]}))
+    runners = {name: _kernel_runner(native_build, config, 64) for name in ("x", "y")}
+    monitor = None
+    try:
+        for name, runner in runners.items():
+            write_proc(proc_root, runner.pid, cgroup_text("default", name, "main"))
+        monitor, port = start_monitor(
+            [
+                *("--node-name", NODE, "--pods-file", str(pods_file)),
+                *("--proc-root", str(proc_root), "--watchdog", "off"),
+            ],
+            mock_env(config),
+        )
+        agent = Node(port, monitor, {}, 0)
+        name = "gpushare_container_compute_utilization_ratio"
+
+        def shares(m: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, float]:
+            return {pod_name: _one(m[name], pod=pod_name) for pod_name in runners}
+
+        first_start = time.monotonic()
+        assert shares(agent.metrics()) == {"x": 0, "y": 0}  # no kernel in the mock's window
+        first_end = time.monotonic()
+        for pod_name, micros in (("x", 300_000), ("y", 100_000)):
+            runners[pod_name].stdin.write(f"run {micros}\n")  # type: ignore[union-attr]
+            runners[pod_name].stdin.flush()  # type: ignore[union-attr]
+        for runner in runners.values():
+            assert runner.stdout.readline().strip() == "ran"  # type: ignore[union-attr]
+        second_start = time.monotonic()
+        second = shares(agent.metrics())
+        second_end = time.monotonic()
+        # The period runs from the first scrape's NVML query to the second's.
+        longest, shortest = second_end - first_start, second_start - first_end
+        assert shortest >= 0.4  # both kernels ran in it, one after the other
+        for pod_name, seconds in (("x", 0.3), ("y", 0.1)):
+            assert seconds / longest - 0.01 <= second[pod_name] <= seconds / shortest + 0.01
+        assert abs(second["x"] - 3 * second["y"]) <= 0.02  # each rounded to a percent
+        # The next scrape's period starts at this one: nothing ran since.
+        assert shares(agent.metrics()) == {"x": 0, "y": 0}
+    finally:
+        if monitor is not None:
+            monitor.terminate()
+            monitor.communicate(timeout=10)
+        release(list(runners.values()))
 
 
 def test_watchdog_in_the_agent_stops_the_greedy_container(node) -> None:

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     watchdog = None
     if args.watchdog != "off":
         watchdog = Watchdog(
-            nvml.sample,
+            nvml.sample_memory,
             source.containers,
             args.proc_root,
             events=events,

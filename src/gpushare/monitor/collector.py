@@ -359,10 +359,12 @@ def gpu_mode(shares: list[ShareInfo]) -> str:
 
 
 def _container_utilization(gpu: GpuSample | None, pids: list[int], alone: bool) -> float | None:
-    """The container's share of the GPU's compute: NVML's per-process figures when it has
-    them; otherwise the GPU's utilisation when this container's processes are the only ones
-    on the GPU (``alone``): a GPU with several users cannot be split without per-process
-    figures, so the series is then left out rather than guessed."""
+    """The container's share of the GPU's compute: with NVML's per-process figures, the sum
+    of its processes' SM utilisation over the period since the previous scrape (0 for a
+    process that ran no kernel in it); without them, the GPU's utilisation when this
+    container's processes are the only ones on the GPU (``alone``): a GPU with several users
+    cannot be split without per-process figures, so the series is then left out rather than
+    guessed."""
     if gpu is None:
         return None
     if not pids:

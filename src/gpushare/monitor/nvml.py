@@ -4,11 +4,17 @@ On a node this is the NVIDIA driver's libnvidia-ml.so.1; in tests the project's 
 (native/build/mock on LD_LIBRARY_PATH). Memory and the process list are required; an optional
 field the library or the GPU does not support (NotSupported, FunctionNotFound) is None and the
 matching series is left out, instead of failing the scrape.
+
+Per-process SM utilisation (``nvmlDeviceGetProcessUtilization``) is asked for the period since
+the previous ``sample()``: each device's query passes the newest sample timestamp it saw last
+time as ``lastSeenTimeStamp``, so the scrapes (the only callers of ``sample()``; the watchdog
+uses ``sample_memory()``) partition the time between them.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +43,8 @@ class GpuSample:
     temperature_celsius: float | None
     power_watts: float | None
     processes: tuple[GpuProcess, ...]
-    # pid → SM utilisation ratio over the last interval; None when NVML cannot say per process.
+    # pid → SM utilisation ratio since the previous sample() ({}: no process ran a kernel);
+    # None when NVML cannot say per process (then the GPU's utilisation is all there is).
     process_utilization: dict[int, float] | None = None
 
 
@@ -79,10 +86,19 @@ class NvmlSource:
         pynvml.nvmlShutdown()
 
     def sample(self) -> list[GpuSample]:
+        """Every field, per-process utilisation over the period since the previous call."""
         with self._lock:
             return [self._sample(*device) for device in self._devices]
 
-    def _sample(self, index: int, uuid: str, name: str, handle: Any) -> GpuSample:
+    def sample_memory(self) -> list[GpuSample]:
+        """Memory and processes only (the watchdog's look): fewer NVML calls, and the period
+        of ``sample()``'s per-process utilisation is left alone."""
+        with self._lock:
+            return [self._sample(*device, full=False) for device in self._devices]
+
+    def _sample(
+        self, index: int, uuid: str, name: str, handle: Any, full: bool = True
+    ) -> GpuSample:
         try:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             processes = tuple(
@@ -92,6 +108,10 @@ class NvmlSource:
             total, used, responding = int(memory.total), int(memory.used), True
         except pynvml.NVMLError:
             total, used, responding, processes = 0, 0, False, ()
+        if not full:
+            return GpuSample(
+                index, uuid, name, responding, total, used, None, None, None, processes
+            )
         rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
         temperature = _optional(
             pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
@@ -112,21 +132,36 @@ class NvmlSource:
         )
 
     def _process_utilization(self, index: int, handle: Any) -> dict[int, float] | None:
+        """pid → SM utilisation ratio since the previous call for this device ({}: no process
+        ran); None when the driver cannot say per process (never: stop asking) or failed."""
         if not self._per_process_utilization:
             return None
-        try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(
-                handle, self._last_seen_us.get(index, 0)
-            )
-        except pynvml.NVMLError_NotFound:
-            return {}  # no process ran a kernel since the last sample
-        except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported):
-            self._per_process_utilization = False  # never will; stop asking
+        since = self._last_seen_us.get(index, 0)
+        asked_us = time.time_ns() // 1000  # NVML's timestamps: CPU time, microseconds
+        samples = None
+        for _ in range(3):  # a process that appears between nvidia-ml-py's size query and read
+            try:
+                samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since)
+                break
+            except pynvml.NVMLError_InsufficientSize:
+                continue
+            except pynvml.NVMLError_NotFound:
+                # No sample newer than `since` up to now: nobody ran; the next period starts here.
+                self._last_seen_us[index] = max(since, asked_us)
+                return {}
+            except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported):
+                self._per_process_utilization = False
+                return None
+            except pynvml.NVMLError:
+                return None
+        if samples is None:
             return None
-        except pynvml.NVMLError:
-            return None
-        result: dict[int, float] = {}
+        shares: dict[int, list[float]] = {}
+        latest = since
         for item in samples:
-            result[int(item.pid)] = max(result.get(int(item.pid), 0.0), item.smUtil / 100)
-            self._last_seen_us[index] = max(self._last_seen_us.get(index, 0), item.timeStamp)
-        return result
+            shares.setdefault(int(item.pid), []).append(item.smUtil / 100)
+            latest = max(latest, int(item.timeStamp))
+        self._last_seen_us[index] = latest
+        # One sample per process is the rule; should a driver give several (equal periods),
+        # their mean is the process's share of the period.
+        return {pid: sum(values) / len(values) for pid, values in shares.items()}
