@@ -187,6 +187,22 @@ def encode_allocation(containers: dict[str, list[ShareInfo]]) -> str:
     )
 
 
+def regular_init_names(pod: dict[str, object]) -> frozenset[str]:
+    """The init containers of a pod (Kubernetes JSON) that run to completion before its app
+    containers start: their ANNOTATION_ALLOCATION entries follow the max rule (docs/protocol.md).
+
+    Sidecars (``restartPolicy: Always``) keep running beside the app containers, so they are
+    not among them: they hold their share like an app container (model/charges.py).
+    """
+    spec = pod.get("spec") or {}
+    containers = spec.get("initContainers") if isinstance(spec, dict) else None
+    return frozenset(
+        str(container.get("name") or "")
+        for container in containers or []
+        if isinstance(container, dict) and container.get("restartPolicy") != "Always"
+    )
+
+
 def decode_allocation(text: str) -> dict[str, list[ShareInfo]]:
     """The shares of an ANNOTATION_ALLOCATION value; ProtocolError (one line) if malformed."""
     where = ANNOTATION_ALLOCATION

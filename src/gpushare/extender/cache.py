@@ -28,17 +28,16 @@ from typing import Any
 import numpy as np
 
 from gpushare import protocol
-from gpushare.extender.charges import INIT_CHARGE_NAME, pod_charges
 from gpushare.extender.requests import (
     PodRequest,
     RequestError,
     Units,
     parse_pod,
     pod_key,
-    regular_init_names,
     request_name,
 )
 from gpushare.model import Allocation, CapacityError, Gpu, GpuShare, Ledger, ModelError, Node
+from gpushare.model.charges import INIT_CHARGE_NAME, pod_charges
 from gpushare.placement.engine import Placer, resolve_policy
 from gpushare.placement.fragmentation import Shape, TargetWorkload
 from gpushare.placement.policies import PolicyError
@@ -56,7 +55,7 @@ class NodeInfo:
 
 @dataclass(slots=True)
 class PodState:
-    """What one pod holds on ``node``: its ledger entries (extender/charges.py)."""
+    """What one pod holds on ``node``: its ledger entries (model/charges.py)."""
 
     key: str
     uid: str
@@ -94,7 +93,7 @@ def node_info(obj: dict[str, Any]) -> NodeInfo:
 
 
 def allocations_from_pod(obj: dict[str, Any]) -> dict[str, Allocation] | None:
-    """The ledger charges of the allocation a pod's annotation records (extender/charges.py),
+    """The ledger charges of the allocation a pod's annotation records (model/charges.py),
     or None if it records none (or a malformed one)."""
     metadata = obj.get("metadata") or {}
     text = (metadata.get("annotations") or {}).get(protocol.ANNOTATION_ALLOCATION)
@@ -119,7 +118,7 @@ def allocations_from_pod(obj: dict[str, Any]) -> dict[str, Allocation] | None:
         )
         for container, shares in decoded.items()
     }
-    return pod_charges(key, node, containers, regular_init_names(obj))
+    return pod_charges(key, node, containers, protocol.regular_init_names(obj))
 
 
 # The target workload of the fragmentation-aware policies (fgd, fgd-pack) is learnt from the

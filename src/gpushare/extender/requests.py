@@ -25,6 +25,7 @@ from typing import Any
 
 from gpushare import protocol
 from gpushare.model import FULL_CORE_PERCENT, ModelError, Request
+from gpushare.protocol import regular_init_names
 
 
 class RequestError(ValueError):
@@ -72,20 +73,6 @@ def pod_key(pod: dict[str, Any]) -> str:
 def request_name(key: str, container: str) -> str:
     """The ledger name of one container's request: namespace/pod/container."""
     return f"{key}/{container}"
-
-
-def regular_init_names(pod: dict[str, Any]) -> frozenset[str]:
-    """The init containers that run to completion before the app containers start.
-
-    Sidecars (``restartPolicy: Always``) keep running beside the app containers, so they are
-    not among them: they hold their share like an app container (extender/charges.py).
-    """
-    spec = pod.get("spec") or {}
-    return frozenset(
-        str(container.get("name") or "")
-        for container in spec.get("initContainers") or []
-        if container.get("restartPolicy") != "Always"
-    )
 
 
 def _quantity(value: Any, resource: str, container: str) -> int:

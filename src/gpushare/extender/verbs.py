@@ -25,9 +25,9 @@ import numpy as np
 
 from gpushare import protocol
 from gpushare.extender.cache import ClusterCache
-from gpushare.extender.charges import INIT_CHARGE_NAME, init_excess
 from gpushare.extender.requests import ContainerRequest, PodRequest, RequestError
 from gpushare.model import Allocation, CapacityError, Request
+from gpushare.model.charges import INIT_CHARGE_NAME, init_excess
 from gpushare.placement.engine import NoFit, Placer
 from gpushare.placement.policies import PolicyError
 
@@ -114,7 +114,7 @@ def _try_on_node(
 
     Each regular init container is decided with the pod's own shares set aside, since it
     runs before them and may reuse their capacity; the ledger then holds only what it needs
-    beyond them (extender/charges.py). Returns the placement (its charges reserved in the
+    beyond them (model/charges.py). Returns the placement (its charges reserved in the
     ledger when ``keep``), or the first failing container's reason and whether it can never
     fit there. Without ``keep`` nothing stays reserved; with it, nothing on failure.
     """

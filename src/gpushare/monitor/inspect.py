@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare import protocol
+from gpushare.model import Allocation, GpuShare
+from gpushare.model.charges import pod_charges
 
 
 @dataclass(slots=True)
@@ -96,6 +98,28 @@ def _requested_mib(pod: dict[str, Any], mib_per_unit: int, gpu_mib: int) -> int:
     return total
 
 
+def pod_shares(
+    pod: dict[str, Any], containers: dict[str, list[protocol.ShareInfo]]
+) -> list[GpuShare]:
+    """What the pod holds on each GPU, as the extender counts it: app containers' shares,
+    and what its init containers need beyond them (the max rule, model/charges.py)."""
+    key = f"{(pod.get('metadata') or {}).get('namespace') or 'default'}/"
+    key += str((pod.get("metadata") or {}).get("name") or "")
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    allocations = {
+        name: Allocation(
+            f"{key}/{name}",
+            node,
+            0,
+            0,
+            tuple(GpuShare(s.uuid, s.index, s.memory_mib, s.core, s.exclusive) for s in group),
+        )
+        for name, group in containers.items()
+    }
+    charges = pod_charges(key, node, allocations, protocol.regular_init_names(pod))
+    return [share for charge in charges.values() for share in charge.gpu_shares]
+
+
 def _ended(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
@@ -138,10 +162,10 @@ def build_report(
         by_uuid = {gpu.uuid: gpu for gpu in use.gpus}
         row = PodUse(str(metadata.get("namespace") or "default"), str(metadata["name"]))
         text = (metadata.get("annotations") or {}).get(protocol.ANNOTATION_ALLOCATION)
-        shares: list[protocol.ShareInfo] | None = None
+        shares: list[GpuShare] | None = None
         if text:
             try:
-                shares = [s for group in protocol.decode_allocation(text).values() for s in group]
+                shares = pod_shares(pod, protocol.decode_allocation(text))
             except protocol.ProtocolError:
                 shares = None
         if shares is None or any(share.uuid not in by_uuid for share in shares):

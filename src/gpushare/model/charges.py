@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpushare.model import FULL_CORE_PERCENT, Allocation, GpuShare
+from gpushare.model.types import FULL_CORE_PERCENT, Allocation, GpuShare
 
 INIT_CHARGE_NAME = "(init)"  # not a valid container name, so it cannot clash with one
 
