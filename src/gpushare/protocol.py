@@ -259,6 +259,10 @@ CONTAINER_LIBRARY_PATH = "/usr/local/gpushare/lib/libgpushare.so"
 # On the host: where native/build/libgpushare.so is installed, and the per-container files.
 HOST_LIBRARY_PATH = "/usr/local/gpushare/lib/libgpushare.so"
 HOST_STATE_ROOT = "/var/lib/gpushare"  # <root>/containers/<pod uid>/<container>/
+# In such a directory, after kubelet admitted two identical containers the other way round:
+# "<pod uid>/<container>" of the container that really uses it (written by the device plugin,
+# read by the monitor to attribute the state file).
+HOST_OWNER_FILE = "owner"
 
 # The NVIDIA container runtime's inputs.
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"  # GPU UUIDs, comma-separated

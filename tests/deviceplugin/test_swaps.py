@@ -211,6 +211,15 @@ def test_pods_admitted_in_the_other_order_end_with_the_gpus_they_got(
     assert harness.plugin.unreported() == 0
     swaps = [r for r in caplog.records if "another order than assumed" in r.getMessage()]
     assert len(swaps) == 1 and "\n" not in swaps[0].getMessage()
+    # Each shared container keeps the files it was served (whole GPUs get none); a marker
+    # says whose they now are, for the monitor (statefile.owners).
+    containers = harness.plugin.files.containers
+    marker = protocol.HOST_OWNER_FILE
+    if resource == MEM:
+        assert (containers / "uid-older" / "c" / marker).read_text() == "uid-newer/c\n"
+        assert (containers / "uid-newer" / "c" / marker).read_text() == "uid-older/c\n"
+    else:
+        assert not list(containers.glob(f"*/*/{marker}"))
     # The older pod's files (served to the newer pod's container) live while it does.
     pods["older"]["status"]["phase"] = "Succeeded"
     assert "uid-older" in harness.plugin.live_uids()

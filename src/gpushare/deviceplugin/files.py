@@ -56,6 +56,17 @@ class ContainerFiles:
         _write_atomic(limits_path, limits, 0o444)
         return limits_path, state
 
+    def mark_owner(self, uid: str, container: str, owner_uid: str, owner_container: str) -> None:
+        """Record that the files made for ``uid``/``container`` serve another container.
+
+        After a swap (swaps.py) a container keeps the mounts it was served, which were made
+        for the other pod's decision; the monitor reads this to attribute the state file.
+        """
+        directory = self.containers / uid / container
+        if directory.is_dir():
+            text = f"{owner_uid}/{owner_container}\n"
+            _write_atomic(directory / protocol.HOST_OWNER_FILE, text, 0o444)
+
     def collect(self, live_uids: Collection[str], grace_s: float = GC_GRACE_S) -> list[str]:
         """Removes the directories of pods not in ``live_uids``; returns the removed uids."""
         if not self.containers.is_dir():

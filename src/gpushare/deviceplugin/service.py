@@ -364,6 +364,15 @@ class DevicePlugin:
             )
         for problem in found.problems:
             log.warning("not rewriting %s of %s", protocol.ANNOTATION_ALLOCATION, problem)
+        for cycle in found.cycles:
+            for move in cycle:
+                if move.got.uid != move.uid or move.got.container != move.container:
+                    try:
+                        self.files.mark_owner(
+                            move.got.uid, move.got.container, move.uid, move.container
+                        )
+                    except OSError as error:
+                        log.warning("cannot mark who uses %s's files: %s", move.got.key, error)
         for rewrite in found.rewrites:
             self.writer.set_allocation(
                 rewrite.namespace, rewrite.name, rewrite.uid, rewrite.allocation

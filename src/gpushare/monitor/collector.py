@@ -237,8 +237,9 @@ class MonitorCollector(Collector):
         errors = 0
         stops = self.watchdog.stops() if self.watchdog else {}
         over = self.watchdog.over() if self.watchdog else set()
+        moved = statefile.owners(self.state_root) if self.state_root is not None else {}
         for container in containers:
-            state, failed = self._state(container)
+            state, failed = self._state(container, moved)
             errors += failed
             pod_labels = [self.node, container.namespace, container.pod, container.name]
             if state is not None:
@@ -332,13 +333,17 @@ class MonitorCollector(Collector):
             families.add("gpushare_gpu_mode", [*labels, name], 1.0 if name == mode else 0.0)
         families.add("gpushare_gpu_containers", labels, len(shares))
 
-    def _state(self, container: Container) -> tuple[statefile.ContainerState | None, int]:
+    def _state(
+        self, container: Container, moved: dict[tuple[str, str], Path]
+    ) -> tuple[statefile.ContainerState | None, int]:
         if self.state_root is None:
             return None, 0
-        path = (
-            statefile.container_dir(self.state_root, container.pod_uid, container.name)
-            / statefile.FILE_NAME
+        directory = statefile.state_dir_of(
+            self.state_root, container.pod_uid, container.name, moved
         )
+        if directory is None:
+            return None, 0  # its directory serves another container (owners)
+        path = directory / statefile.FILE_NAME
         try:
             return statefile.read(path), 0
         except statefile.StateFileError as error:

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushare import protocol
+
 MAGIC = 0x3145544154534753  # "GSSTATE1" read as a little-endian integer
 VERSION = 1
 HEADER_BYTES = 64
@@ -150,6 +152,34 @@ def container_dir(root: Path, pod_uid: str, container: str) -> Path:
     by default), the monitor's ``--state-root``.
     """
     return root / "containers" / pod_uid / container / "state"
+
+
+def owners(root: Path) -> dict[tuple[str, str], Path]:
+    """State directories that serve another container than their path names, by that
+    container's (pod uid, name): after the device plugin saw kubelet admit two identical
+    containers the other way round (its ``protocol.HOST_OWNER_FILE`` markers). Usually empty."""
+    found: dict[tuple[str, str], Path] = {}
+    for marker in root.glob(f"containers/*/*/{protocol.HOST_OWNER_FILE}"):
+        try:
+            uid, _, name = marker.read_text().strip().partition("/")
+        except OSError:
+            continue
+        if uid and name:
+            found[(uid, name)] = marker.parent / "state"
+    return found
+
+
+def state_dir_of(
+    root: Path, pod_uid: str, container: str, moved: dict[tuple[str, str], Path]
+) -> Path | None:
+    """Where the container's state file is: its own directory, or the one it was served
+    instead (``owners``); None when its own directory serves another container."""
+    if (pod_uid, container) in moved:
+        return moved[(pod_uid, container)]
+    own = container_dir(root, pod_uid, container)
+    if (own.parent / protocol.HOST_OWNER_FILE).exists():
+        return None
+    return own
 
 
 def encode(
