@@ -70,20 +70,28 @@ static void finish(CUresult rc, enum gs_kind kind, uint64_t key, int device, uin
         return rc_;                                                                              \
     } while (0)
 
+/* Allocation-like calls: reserve ``bytes`` on ``device`` against the limit (refused: the driver
+ * is not called), make the object, then record ``handle`` (read only on success) so that its
+ * free gives the bytes back, or give them back at once if the driver failed. */
+#define CHARGE_BODY(kind, device, bytes, call, handle)                                           \
+    do {                                                                                         \
+        int device_ = (device);                                                                  \
+        uint64_t charged_;                                                                       \
+        CUresult rc_ = gs_reserve(device_, (bytes), &charged_);                                  \
+        if (rc_ != CUDA_SUCCESS) {                                                               \
+            return rc_;                                                                          \
+        }                                                                                        \
+        rc_ = (call);                                                                            \
+        finish(rc_, (kind), rc_ == CUDA_SUCCESS ? (uint64_t)(handle) : 0, device_, charged_);    \
+        return rc_;                                                                              \
+    } while (0)
+
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *pointer, size_t bytes) {
     __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
     if (real == NULL) {
         return MISSING_REAL;
     }
-    int device = gs_current_device();
-    uint64_t charged;
-    CUresult rc = gs_reserve(device, bytes, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(pointer, bytes);
-    finish(rc, GS_KIND_PTR, rc == CUDA_SUCCESS ? *pointer : 0, device, charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_PTR, gs_current_device(), bytes, real(pointer, bytes), *pointer);
 }
 
 static uint64_t mul_sat(uint64_t a, uint64_t b) {
@@ -185,15 +193,7 @@ GS_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *pointer, unsigned int bytes) {
     if (real == NULL) {
         return MISSING_REAL;
     }
-    int device = gs_current_device();
-    uint64_t charged;
-    CUresult rc = gs_reserve(device, bytes, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(pointer, bytes);
-    finish(rc, GS_KIND_PTR, rc == CUDA_SUCCESS ? *pointer : 0, device, charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_PTR, gs_current_device(), bytes, real(pointer, bytes), *pointer);
 }
 
 static CUresult pitch_alloc_v1(const struct pitch_call *call, uint64_t *pointer, uint64_t *pitch) {
@@ -244,15 +244,7 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *pointer, size_t bytes, unsigne
     if (real == NULL) {
         return MISSING_REAL;
     }
-    int device = gs_current_device();
-    uint64_t charged;
-    CUresult rc = gs_reserve(device, bytes, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(pointer, bytes, flags);
-    finish(rc, GS_KIND_PTR, rc == CUDA_SUCCESS ? *pointer : 0, device, charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_PTR, gs_current_device(), bytes, real(pointer, bytes, flags), *pointer);
 }
 
 /* Stream-ordered allocations are charged what their pool reserves (pool.c). */
@@ -376,14 +368,7 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t byte
     if (prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
         device = prop->location.id;
     }
-    uint64_t charged;
-    CUresult rc = gs_reserve(device, bytes, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(handle, bytes, prop, flags);
-    finish(rc, GS_KIND_HANDLE, rc == CUDA_SUCCESS ? *handle : 0, device, charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_HANDLE, device, bytes, real(handle, bytes, prop, flags), *handle);
 }
 
 GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -440,16 +425,8 @@ GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR 
     }
     uint64_t bytes = array2d_bytes(descriptor->Width, descriptor->Height, descriptor->Format,
                                    descriptor->NumChannels);
-    int device = gs_current_device();
-    uint64_t charged;
-    CUresult rc = gs_reserve(device, bytes, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(array, descriptor);
-    finish(rc, GS_KIND_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
-           charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_ARRAY, gs_current_device(), bytes,
+                real(array, descriptor), (uint64_t)(uintptr_t)*array);
 }
 
 static uint64_t array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
@@ -479,16 +456,8 @@ GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIP
     if (descriptor == NULL) {
         return real(array, descriptor);
     }
-    int device = gs_current_device();
-    uint64_t charged;
-    CUresult rc = gs_reserve(device, array3d_bytes(descriptor, 1), &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(array, descriptor);
-    finish(rc, GS_KIND_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
-           charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_ARRAY, gs_current_device(), array3d_bytes(descriptor, 1),
+                real(array, descriptor), (uint64_t)(uintptr_t)*array);
 }
 
 /* The legacy array entry points: the same charge from the 32-bit descriptors. */
@@ -502,16 +471,8 @@ GS_EXPORT CUresult cuArrayCreate(CUarray *array, const CUDA_ARRAY_DESCRIPTOR_v1 
     }
     uint64_t bytes = array2d_bytes(descriptor->Width, descriptor->Height, descriptor->Format,
                                    descriptor->NumChannels);
-    int device = gs_current_device();
-    uint64_t charged;
-    CUresult rc = gs_reserve(device, bytes, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(array, descriptor);
-    finish(rc, GS_KIND_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
-           charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_ARRAY, gs_current_device(), bytes,
+                real(array, descriptor), (uint64_t)(uintptr_t)*array);
 }
 
 GS_EXPORT CUresult cuArray3DCreate(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR_v1 *descriptor) {
@@ -525,16 +486,8 @@ GS_EXPORT CUresult cuArray3DCreate(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR
     const CUDA_ARRAY3D_DESCRIPTOR wide = {descriptor->Width,  descriptor->Height,
                                           descriptor->Depth,  descriptor->Format,
                                           descriptor->NumChannels, descriptor->Flags};
-    int device = gs_current_device();
-    uint64_t charged;
-    CUresult rc = gs_reserve(device, array3d_bytes(&wide, 1), &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(array, descriptor);
-    finish(rc, GS_KIND_ARRAY, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
-           charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_ARRAY, gs_current_device(), array3d_bytes(&wide, 1),
+                real(array, descriptor), (uint64_t)(uintptr_t)*array);
 }
 
 GS_EXPORT CUresult cuArrayDestroy(CUarray array) {
@@ -555,16 +508,8 @@ GS_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
     if (descriptor == NULL) {
         return real(array, descriptor, levels);
     }
-    int device = gs_current_device();
-    uint64_t charged;
-    CUresult rc = gs_reserve(device, array3d_bytes(descriptor, levels), &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(array, descriptor, levels);
-    finish(rc, GS_KIND_MIPMAP, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, device,
-           charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_MIPMAP, gs_current_device(), array3d_bytes(descriptor, levels),
+                real(array, descriptor, levels), (uint64_t)(uintptr_t)*array);
 }
 
 GS_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
@@ -579,28 +524,13 @@ GS_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
 
 /* Every way of creating a context charges the same overhead (reserved before the driver call,
  * rolled back if it fails); every way of destroying one gives back what was recorded. */
-static CUresult ctx_reserve(CUdevice device, uint64_t *charged) {
-    return gs_reserve(device, gs_ctx_overhead(), charged);
-}
-
-static void ctx_finish(CUresult rc, const CUcontext *context, CUdevice device, uint64_t charged) {
-    finish(rc, GS_KIND_CTX, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*context : 0, device,
-           charged);
-}
-
 GS_EXPORT CUresult cuCtxCreate_v2(CUcontext *context, unsigned int flags, CUdevice device) {
     __typeof__(&cuCtxCreate_v2) real = REAL(cuCtxCreate_v2);
     if (real == NULL) {
         return MISSING_REAL;
     }
-    uint64_t charged;
-    CUresult rc = ctx_reserve(device, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(context, flags, device);
-    ctx_finish(rc, context, device, charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_CTX, device, gs_ctx_overhead(),
+                real(context, flags, device), (uintptr_t)*context);
 }
 
 GS_EXPORT CUresult cuCtxCreate(CUcontext *context, unsigned int flags, CUdevice device) {
@@ -608,14 +538,8 @@ GS_EXPORT CUresult cuCtxCreate(CUcontext *context, unsigned int flags, CUdevice 
     if (real == NULL) {
         return MISSING_REAL;
     }
-    uint64_t charged;
-    CUresult rc = ctx_reserve(device, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(context, flags, device);
-    ctx_finish(rc, context, device, charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_CTX, device, gs_ctx_overhead(),
+                real(context, flags, device), (uintptr_t)*context);
 }
 
 /* With execution affinity (an SM-count share): the context still holds its full overhead. */
@@ -625,14 +549,8 @@ GS_EXPORT CUresult cuCtxCreate_v3(CUcontext *context, CUexecAffinityParam *param
     if (real == NULL) {
         return MISSING_REAL;
     }
-    uint64_t charged;
-    CUresult rc = ctx_reserve(device, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(context, params, count, flags, device);
-    ctx_finish(rc, context, device, charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_CTX, device, gs_ctx_overhead(),
+                real(context, params, count, flags, device), (uintptr_t)*context);
 }
 
 GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *context, CUctxCreateParams *params,
@@ -641,14 +559,8 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *context, CUctxCreateParams *params,
     if (real == NULL) {
         return MISSING_REAL;
     }
-    uint64_t charged;
-    CUresult rc = ctx_reserve(device, &charged);
-    if (rc != CUDA_SUCCESS) {
-        return rc;
-    }
-    rc = real(context, params, flags, device);
-    ctx_finish(rc, context, device, charged);
-    return rc;
+    CHARGE_BODY(GS_KIND_CTX, device, gs_ctx_overhead(),
+                real(context, params, flags, device), (uintptr_t)*context);
 }
 
 GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext context) {
