@@ -66,15 +66,15 @@ static CUresult destroy(uint64_t handle, enum mock_alloc_kind kind)
     return rc;
 }
 
-MOCK_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *descriptor)
+/* One array of the given shape (depth 0 for a 2D array), whichever descriptor described it. */
+static CUresult create_array(CUarray *array, int described, size_t width, size_t height,
+                             size_t depth, CUarray_format format, unsigned int channels)
 {
     CUresult rc = mock_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
     uint64_t bytes = 0, handle = 0;
-    if (!array || !descriptor ||
-        !level_bytes(descriptor->Width, descriptor->Height, 0, descriptor->Format,
-                     descriptor->NumChannels, &bytes))
+    if (!array || !described || !level_bytes(width, height, depth, format, channels, &bytes))
         return CUDA_ERROR_INVALID_VALUE;
     rc = create(&handle, bytes, MOCK_ALLOC_ARRAY);
     if (rc == CUDA_SUCCESS)
@@ -82,53 +82,29 @@ MOCK_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTO
     return rc;
 }
 
-MOCK_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *descriptor)
+MOCK_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *d)
 {
-    CUresult rc = mock_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    uint64_t bytes = 0, handle = 0;
-    if (!array || !descriptor ||
-        !level_bytes(descriptor->Width, descriptor->Height, descriptor->Depth, descriptor->Format,
-                     descriptor->NumChannels, &bytes))
-        return CUDA_ERROR_INVALID_VALUE;
-    rc = create(&handle, bytes, MOCK_ALLOC_ARRAY);
-    if (rc == CUDA_SUCCESS)
-        *array = (CUarray)(uintptr_t)handle;
-    return rc;
+    return d ? create_array(array, 1, d->Width, d->Height, 0, d->Format, d->NumChannels)
+             : create_array(array, 0, 0, 0, 0, (CUarray_format)0, 0);
+}
+
+MOCK_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    return d ? create_array(array, 1, d->Width, d->Height, d->Depth, d->Format, d->NumChannels)
+             : create_array(array, 0, 0, 0, 0, (CUarray_format)0, 0);
 }
 
 /* Legacy descriptors (unsigned int dimensions): the same arrays. */
-MOCK_EXPORT CUresult cuArrayCreate(CUarray *array, const CUDA_ARRAY_DESCRIPTOR_v1 *descriptor)
+MOCK_EXPORT CUresult cuArrayCreate(CUarray *array, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
 {
-    CUresult rc = mock_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    uint64_t bytes = 0, handle = 0;
-    if (!array || !descriptor ||
-        !level_bytes(descriptor->Width, descriptor->Height, 0, descriptor->Format,
-                     descriptor->NumChannels, &bytes))
-        return CUDA_ERROR_INVALID_VALUE;
-    rc = create(&handle, bytes, MOCK_ALLOC_ARRAY);
-    if (rc == CUDA_SUCCESS)
-        *array = (CUarray)(uintptr_t)handle;
-    return rc;
+    return d ? create_array(array, 1, d->Width, d->Height, 0, d->Format, d->NumChannels)
+             : create_array(array, 0, 0, 0, 0, (CUarray_format)0, 0);
 }
 
-MOCK_EXPORT CUresult cuArray3DCreate(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR_v1 *descriptor)
+MOCK_EXPORT CUresult cuArray3DCreate(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
 {
-    CUresult rc = mock_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    uint64_t bytes = 0, handle = 0;
-    if (!array || !descriptor ||
-        !level_bytes(descriptor->Width, descriptor->Height, descriptor->Depth, descriptor->Format,
-                     descriptor->NumChannels, &bytes))
-        return CUDA_ERROR_INVALID_VALUE;
-    rc = create(&handle, bytes, MOCK_ALLOC_ARRAY);
-    if (rc == CUDA_SUCCESS)
-        *array = (CUarray)(uintptr_t)handle;
-    return rc;
+    return d ? create_array(array, 1, d->Width, d->Height, d->Depth, d->Format, d->NumChannels)
+             : create_array(array, 0, 0, 0, 0, (CUarray_format)0, 0);
 }
 
 MOCK_EXPORT CUresult cuArrayDestroy(CUarray array)
