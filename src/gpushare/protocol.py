@@ -33,6 +33,8 @@ ANNOTATION_CAPACITY_FREED = f"{DOMAIN}/capacity-freed"
 
 # The scheduler extender's HTTP endpoint (deploy/scheduler/kube-scheduler-config.yaml).
 EXTENDER_DEFAULT_PORT = 39999
+# The node agent's Prometheus endpoint (`gpushare monitor`, deploy/node-agent.yaml).
+MONITOR_DEFAULT_PORT = 9445
 EXTENDER_PATH_PREFIX = "/gpushare-scheduler"
 EXTENDER_FILTER_VERB = "filter"
 EXTENDER_PRIORITIZE_VERB = "prioritize"
@@ -242,6 +244,8 @@ def decode_allocation(text: str) -> dict[str, list[ShareInfo]]:
 DEVICE_PLUGIN_API_VERSION = "v1beta1"
 KUBELET_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET_NAME = "kubelet.sock"
+# kubelet's pod resources API (k8s.io/kubelet/pkg/apis/podresources/v1): who holds which devices.
+KUBELET_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # One socket (and one registration) per resource, in KUBELET_DEVICE_PLUGIN_DIR.
 DEVICE_PLUGIN_SOCKETS = {
     RESOURCE_GPU_MEMORY: "gpushare-gpu-mem.sock",

@@ -19,7 +19,6 @@ from lightkube.resources.core_v1 import Namespace
 
 from gpushare import protocol
 from gpushare.cli.main import build_parser
-from gpushare.deviceplugin import podresources
 
 ROOT = Path(__file__).parents[2]
 MANIFESTS = sorted((ROOT / "deploy").glob("*.yaml"))
@@ -76,7 +75,7 @@ def test_paths_and_ports_agree_with_the_contract() -> None:
     node = workloads()["gpushare-node"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in node["volumes"]}
     assert host_paths["device-plugins"] == protocol.KUBELET_DEVICE_PLUGIN_DIR
-    assert host_paths["pod-resources"] == str(podresources.DEFAULT_SOCKET.parent)
+    assert host_paths["pod-resources"] == str(Path(protocol.KUBELET_POD_RESOURCES_SOCKET).parent)
     assert host_paths["state"] == protocol.HOST_STATE_ROOT
     assert host_paths["library"] == str(Path(protocol.HOST_LIBRARY_PATH).parent)
     (install,) = node["initContainers"]
@@ -84,6 +83,9 @@ def test_paths_and_ports_agree_with_the_contract() -> None:
     extender = workloads()["gpushare-extender"]["containers"][0]
     assert f"--url=http://0.0.0.0:{protocol.EXTENDER_DEFAULT_PORT}" in " ".join(extender["args"])
     assert protocol.EXTENDER_PATH_PREFIX in " ".join(extender["args"])
+    monitor = next(c for c in node["containers"] if c["name"] == "monitor")
+    assert f"--listen=0.0.0.0:{protocol.MONITOR_DEFAULT_PORT}" in monitor["args"]
+    assert monitor["ports"][0]["containerPort"] == protocol.MONITOR_DEFAULT_PORT
 
 
 def test_the_dockerfiles_make_target_exists() -> None:

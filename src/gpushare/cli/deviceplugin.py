@@ -64,7 +64,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pod-resources-socket",
         type=Path,
-        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        default=Path(protocol.KUBELET_POD_RESOURCES_SOCKET),
         help="kubelet's pod resources API socket, read to see which container really got "
         "which decision (default %(default)s)",
     )

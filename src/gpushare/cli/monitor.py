@@ -13,8 +13,6 @@ from pathlib import Path
 
 from gpushare import protocol
 
-DEFAULT_PORT = 9445
-
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
@@ -25,7 +23,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--listen",
-        default=f"0.0.0.0:{DEFAULT_PORT}",
+        default=f"0.0.0.0:{protocol.MONITOR_DEFAULT_PORT}",
         help="HOST:PORT (default %(default)s; port 0: any free port, logged)",
     )
     parser.add_argument(

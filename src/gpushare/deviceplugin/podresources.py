@@ -19,12 +19,13 @@ from pathlib import Path
 
 import grpc
 
+from gpushare import protocol
 from gpushare.deviceplugin.podresources_v1 import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.swaps import Held
 
 log = logging.getLogger("gpushare.deviceplugin")
 
-DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_SOCKET = Path(protocol.KUBELET_POD_RESOURCES_SOCKET)
 LIST_TIMEOUT_S = 5.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the list covers every pod on the node
 INTERVAL_S = 30.0  # the safety net: a look even when nothing was served
