@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 DOMAIN = "gpushare.io"
 
@@ -189,7 +190,18 @@ def encode_allocation(containers: dict[str, list[ShareInfo]]) -> str:
     )
 
 
-def regular_init_names(pod: dict[str, object]) -> frozenset[str]:
+def pod_key(pod: dict[str, Any]) -> str:
+    """``namespace/name`` of a pod in the Kubernetes JSON shape: how components name pods."""
+    metadata = pod.get("metadata") or {}
+    return f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
+
+
+def pod_ended(pod: dict[str, Any]) -> bool:
+    """A pod that has run to its end (Succeeded or Failed) holds no GPU any more."""
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def regular_init_names(pod: dict[str, Any]) -> frozenset[str]:
     """The init containers of a pod (Kubernetes JSON) that run to completion before its app
     containers start: their ANNOTATION_ALLOCATION entries follow the max rule (docs/protocol.md).
 

@@ -20,7 +20,6 @@ from gpushare import protocol
 
 # Resources whose Allocate carries a container's GPU decision (gpu-core rides along gpu-mem).
 DECIDING_RESOURCES = (protocol.RESOURCE_GPU_MEMORY, protocol.RESOURCE_GPU_COUNT)
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +127,9 @@ def pending_containers(
             continue
         if annotations.get(protocol.ANNOTATION_PHASE) != protocol.PHASE_ASSUMED:
             continue
-        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        if protocol.pod_ended(pod):
             continue
-        key = f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
+        key = protocol.pod_key(pod)
         uid = str(metadata.get("uid") or key)
         stamp = (
             annotations.get(protocol.ANNOTATION_ALLOCATION),

@@ -315,7 +315,7 @@ class DevicePlugin:
         live = {
             str((p.get("metadata") or {}).get("uid"))
             for p in self.pods.pods()
-            if (p.get("status") or {}).get("phase") not in matching.TERMINAL_PHASES
+            if not protocol.pod_ended(p)
         }
         with self.lock:
             for uid in [u for u, holder in self._borrowed.items() if holder not in live]:

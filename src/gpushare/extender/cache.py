@@ -164,10 +164,6 @@ def shapes_of_charges(charges: dict[str, Allocation]) -> tuple[Shape, ...]:
     )
 
 
-def _ended(obj: dict[str, Any]) -> bool:
-    return (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
 class ClusterCache:
     def __init__(self, units: Units | None = None) -> None:
         self.units = units or Units()
@@ -290,7 +286,7 @@ class ClusterCache:
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         with self.lock:
             current = self.pods.get(key)
-            if _ended(obj):
+            if protocol.pod_ended(obj):
                 self._requests.pop(uid, None)
                 self._drop(key, freed=True)
                 return

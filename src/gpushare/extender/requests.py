@@ -25,7 +25,7 @@ from typing import Any
 
 from gpushare import protocol
 from gpushare.model import FULL_CORE_PERCENT, ModelError, Request
-from gpushare.protocol import regular_init_names
+from gpushare.protocol import pod_key, regular_init_names
 
 
 class RequestError(ValueError):
@@ -63,11 +63,6 @@ class PodRequest:
 
 
 _INTEGER = re.compile(r"^[0-9]+$")
-
-
-def pod_key(pod: dict[str, Any]) -> str:
-    metadata = pod.get("metadata") or {}
-    return f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
 
 
 def request_name(key: str, container: str) -> str:

@@ -103,8 +103,7 @@ def pod_shares(
 ) -> list[GpuShare]:
     """What the pod holds on each GPU, as the extender counts it: app containers' shares,
     and what its init containers need beyond them (the max rule, model/charges.py)."""
-    key = f"{(pod.get('metadata') or {}).get('namespace') or 'default'}/"
-    key += str((pod.get("metadata") or {}).get("name") or "")
+    key = protocol.pod_key(pod)
     node = str((pod.get("spec") or {}).get("nodeName") or "")
     allocations = {
         name: Allocation(
@@ -118,10 +117,6 @@ def pod_shares(
     }
     charges = pod_charges(key, node, allocations, protocol.regular_init_names(pod))
     return [share for charge in charges.values() for share in charge.gpu_shares]
-
-
-def _ended(pod: dict[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 def build_report(
@@ -157,7 +152,7 @@ def build_report(
     for pod in sorted(pods, key=lambda p: (p["metadata"].get("namespace"), p["metadata"]["name"])):
         metadata = pod.get("metadata") or {}
         use = result.get((pod.get("spec") or {}).get("nodeName") or "")
-        if use is None or _ended(pod):
+        if use is None or protocol.pod_ended(pod):
             continue
         by_uuid = {gpu.uuid: gpu for gpu in use.gpus}
         row = PodUse(str(metadata.get("namespace") or "default"), str(metadata["name"]))

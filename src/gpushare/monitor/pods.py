@@ -46,15 +46,11 @@ class Container:
         return next((i for i, share in enumerate(ordered) if share.uuid == uuid), None)
 
 
-def _ended(pod: dict[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
 def containers_of(pod: dict[str, Any]) -> tuple[Container, ...]:
     """The GPU containers of a pod; none for an ended pod or one without a valid allocation."""
     metadata = pod.get("metadata") or {}
     text = (metadata.get("annotations") or {}).get(protocol.ANNOTATION_ALLOCATION)
-    if not text or _ended(pod):
+    if not text or protocol.pod_ended(pod):
         return ()
     namespace = str(metadata.get("namespace") or "default")
     name = str(metadata.get("name") or "")
