@@ -27,6 +27,7 @@ gpushare pods through its own client.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import subprocess
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -92,8 +94,6 @@ def container_pod(name: str, limits: dict[str, str]) -> dict:
 
 def cpu_seconds(state_dir: Path) -> dict[str, float]:
     """CPU time (user + system) each process of the cluster has used so far."""
-    import json
-
     ticks = os.sysconf("SC_CLK_TCK")
     state = json.loads((state_dir / "state.json").read_text())
     used = {}
@@ -108,8 +108,6 @@ def cpu_seconds(state_dir: Path) -> dict[str, float]:
 
 def extender_verb_ms() -> dict[str, float]:
     """Mean time the extender took to answer each verb, from its /metrics (server side)."""
-    import urllib.request
-
     url = f"http://127.0.0.1:{protocol.EXTENDER_DEFAULT_PORT}/metrics"
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     sums: dict[str, float] = {}

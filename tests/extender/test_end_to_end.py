@@ -96,9 +96,7 @@ def test_deleting_pods_frees_their_share(ekube, ewatch, ens, extender_cluster) -
     # later. If the deletion reaches it before the extender's cache, that retry is refused
     # again; the extender's node annotation once its cache has let the share go makes the
     # next retry (extender/nudge.py). Without it the pod could wait 5 minutes.
-    started = time.monotonic()
     bound = ewatch(Pod, "waiting", lambda p: bool(p.spec.nodeName), namespace=ens, timeout=45)
-    assert time.monotonic() - started < 45
     assert bound.metadata.annotations[protocol.ANNOTATION_ALLOCATION]
     assert extender_cluster.nudger.nudges > nudges  # the refused pod was waiting: nudged
 
