@@ -41,6 +41,7 @@ from pathlib import Path
 
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare import protocol
 from gpushare.cluster.binaries import find_bin_dir
@@ -112,14 +113,14 @@ def extender_verb_ms() -> dict[str, float]:
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for line in text.splitlines():
-        for suffix, into in (("_sum", sums), ("_count", counts)):
-            prefix = f"gpushare_extender_request_seconds{suffix}{{verb="
-            if line.startswith(prefix):
-                verb = line[len(prefix) :].split('"')[1]
-                into[verb] = float(line.rsplit(" ", 1)[1])
-            elif line.startswith(f"gpushare_extender_binding_api_seconds{suffix} "):
-                into["Binding API call"] = float(line.rsplit(" ", 1)[1])
+    names = {"gpushare_extender_request_seconds", "gpushare_extender_binding_api_seconds"}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples if family.name in names else ():
+            verb = sample.labels.get("verb", "Binding API call")
+            if sample.name.endswith("_sum"):
+                sums[verb] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[verb] = sample.value
     return {verb: 1000 * sums[verb] / counts[verb] for verb in counts if counts[verb]}
 
 
