@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -22,6 +21,7 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpushare import protocol
+from gpushare.kubewatch import Selection, keep_listing_and_watching, list_and_watch, list_objects
 
 log = logging.getLogger("gpushare.deviceplugin")
 
@@ -111,6 +111,7 @@ class KubeNode:
         self.node = node
         self.resync_s = resync_s
         self.lock = threading.Lock()
+        self._selection = Selection(Pod, namespaced=True, fields={"spec.nodeName": node})
         self._pods: dict[str, dict[str, Any]] = {}
         self._watching = False
         self._writes: dict[tuple[str, str], dict[str, Any]] = {}
@@ -153,58 +154,51 @@ class KubeNode:
             metadata["annotations"] = {**(metadata.get("annotations") or {}), **notes}
         return data
 
-    def _list(self) -> str:
-        listing = self.client.list(Pod, namespace="*", fields={"spec.nodeName": self.node})
-        listed = [pod.to_dict() for pod in listing]
+    def _store(self, listed: list[dict[str, Any]]) -> None:
         with self.lock:
             self._pods = {_uid(data): self._overlay(_uid(data), data) for data in listed}
-        return str(listing.resourceVersion)
 
     def refresh(self) -> bool:
         try:
-            self._list()
+            self._store(list_objects(self.client, self._selection)[0])
         except (ApiError, httpx.HTTPError) as error:
             log.warning("listing pods of node %s: %s", self.node, error)
             return False
         return True
 
     def _watch_loop(self) -> None:
-        backoff = BACKOFF_MIN_S
-        while not self.stopping.is_set():
-            try:
-                version = self._list()
-                with self.lock:
-                    self._watching = True
-                backoff = BACKOFF_MIN_S
-                self._watch(version)
-            except Exception as error:
-                log.warning(
-                    "pods of node %s: %s; listing again in %.1fs", self.node, error, backoff
-                )
-                with self.lock:
-                    self._watching = False
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+        keep_listing_and_watching(
+            lambda: list_and_watch(
+                self.client,
+                self._selection,
+                self._listed,
+                self._event,
+                self.stopping,
+                self.resync_s,
+            ),
+            self.stopping,
+            f"pods of node {self.node}",
+            log,
+            BACKOFF_MIN_S,
+            BACKOFF_MAX_S,
+            on_error=self._not_watching,
+        )
 
-    def _watch(self, version: str) -> None:
-        resync_at = time.monotonic() + self.resync_s
-        for kind, obj in self.client.watch(
-            Pod,
-            namespace="*",
-            fields={"spec.nodeName": self.node},
-            resource_version=version,
-            server_timeout=60,
-        ):
-            if self.stopping.is_set():
-                return
-            data = obj.to_dict()
-            with self.lock:
-                if kind == "DELETED":
-                    self._pods.pop(_uid(data), None)
-                else:
-                    self._pods[_uid(data)] = self._overlay(_uid(data), data)
-            if time.monotonic() > resync_at:
-                return
+    def _listed(self, listed: list[dict[str, Any]]) -> None:
+        self._store(listed)
+        with self.lock:
+            self._watching = True
+
+    def _not_watching(self) -> None:
+        with self.lock:
+            self._watching = False
+
+    def _event(self, kind: str, data: dict[str, Any]) -> None:
+        with self.lock:
+            if kind == "DELETED":
+                self._pods.pop(_uid(data), None)
+            else:
+                self._pods[_uid(data)] = self._overlay(_uid(data), data)
 
     # -- writes --------------------------------------------------------------------------
 

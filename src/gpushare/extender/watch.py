@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from lightkube import Client
@@ -18,6 +17,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod, PodBinding
 
 from gpushare.extender.cache import ClusterCache
+from gpushare.kubewatch import Selection, keep_listing_and_watching, list_and_watch
 
 log = logging.getLogger("gpushare.extender")
 
@@ -79,38 +79,35 @@ class Watcher:
         self.stopping.set()
 
     def _run(self, resource: Any) -> None:
-        while not self.stopping.is_set():
-            try:
-                self._list_and_watch(resource)
-            except Exception as error:
-                log.warning("watch %s: %s; listing again", resource.__name__, error)
-                self.stopping.wait(RETRY_S)
-
-    def _list_and_watch(self, resource: Any) -> None:
-        kwargs = {"namespace": "*"} if resource is Pod else {}
-        listing = self.client.list(resource, **kwargs)
-        objects = [obj.to_dict() for obj in listing]
-        version = listing.resourceVersion
         if resource is Node:
-            self.cache.replace_nodes(objects)
+            selection = Selection(Node)
+            on_list, on_event = self.cache.replace_nodes, self._node_event
         else:
-            self.cache.replace_pods(objects)
-        log.info("listed %d %s(s) at version %s", len(objects), resource.__name__, version)
-        resync_at = time.monotonic() + self.resync_s
-        for kind, obj in self.client.watch(
-            resource, resource_version=version, server_timeout=60, **kwargs
-        ):
-            if self.stopping.is_set():
-                return
-            data = obj.to_dict()
-            if resource is Node:
-                if kind == "DELETED":
-                    self.cache.delete_node(data["metadata"]["name"])
-                else:
-                    self.cache.upsert_node(data)
-            elif kind == "DELETED":
-                self.cache.delete_pod(data)
-            else:
-                self.cache.upsert_pod(data)
-            if time.monotonic() > resync_at:
-                return
+            selection = Selection(Pod, namespaced=True)
+            on_list, on_event = self.cache.replace_pods, self._pod_event
+
+        def listed(objects: list[dict[str, Any]]) -> None:
+            on_list(objects)
+            log.info("listed %d %s(s)", len(objects), resource.__name__)
+
+        keep_listing_and_watching(
+            lambda: list_and_watch(
+                self.client, selection, listed, on_event, self.stopping, self.resync_s
+            ),
+            self.stopping,
+            f"watch {resource.__name__}",
+            log,
+            backoff_min_s=RETRY_S,
+        )
+
+    def _node_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.cache.delete_node(data["metadata"]["name"])
+        else:
+            self.cache.upsert_node(data)
+
+    def _pod_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.cache.delete_pod(data)
+        else:
+            self.cache.upsert_pod(data)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-import time
 from typing import Any
 
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 
+from gpushare.kubewatch import Selection, keep_listing_and_watching, list_and_watch
 from gpushare.monitor.pods import Container, containers_of, gpu_health
 
 log = logging.getLogger("gpushare.monitor")
@@ -67,55 +67,56 @@ class KubePodSource:
         with self._lock:
             return self._health
 
-    def _loop(self, once: Any) -> None:
-        while not self.stopping.is_set():
-            try:
-                once()
-            except Exception as error:
-                log.warning("watch: %s; listing again", error)
-                self.stopping.wait(RETRY_S)
+    def _loop(self, round_: Any) -> None:
+        keep_listing_and_watching(round_, self.stopping, "watch", log, backoff_min_s=RETRY_S)
 
     def _pods_once(self) -> None:
-        fields = {"spec.nodeName": self.node}
-        listing = self.client.list(Pod, namespace="*", fields=fields)
-        pods = {}
-        for pod in listing:
-            data = pod.to_dict()
-            pods[data["metadata"]["uid"]] = containers_of(data)
+        selection = Selection(Pod, namespaced=True, fields={"spec.nodeName": self.node})
+        list_and_watch(
+            self.client,
+            selection,
+            self._replace_pods,
+            self._pod_event,
+            self.stopping,
+            self.resync_s,
+        )
+
+    def _replace_pods(self, objects: list[dict[str, Any]]) -> None:
+        groups = {pod["metadata"]["uid"]: containers_of(pod) for pod in objects}
         with self._lock:
-            self._pods = {uid: group for uid, group in pods.items() if group}
+            self._pods = {uid: group for uid, group in groups.items() if group}
             self._flat = None
             self._synced = True
-        resync_at = time.monotonic() + self.resync_s
-        for kind, pod in self.client.watch(
-            Pod,
-            namespace="*",
-            fields=fields,
-            resource_version=listing.resourceVersion,
-            server_timeout=60,
-        ):
-            if self.stopping.is_set():
-                return
-            data = pod.to_dict()
-            uid = data["metadata"]["uid"]
-            group = () if kind == "DELETED" else containers_of(data)
-            with self._lock:
-                if group:
-                    self._pods[uid] = group
-                else:
-                    self._pods.pop(uid, None)
-                self._flat = None
-            if time.monotonic() > resync_at:
-                return
+
+    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        group = () if kind == "DELETED" else containers_of(pod)
+        with self._lock:
+            if group:
+                self._pods[uid] = group
+            else:
+                self._pods.pop(uid, None)
+            self._flat = None
 
     def _node_once(self) -> None:
-        fields = {"metadata.name": self.node}
-        for _, node in self.client.watch(Node, fields=fields, server_timeout=60):
-            if self.stopping.is_set():
-                return
-            health = gpu_health(node.to_dict())
-            with self._lock:
-                self._health = health
+        selection = Selection(Node, fields={"metadata.name": self.node})
+        list_and_watch(
+            self.client,
+            selection,
+            self._replace_node,
+            self._node_event,
+            self.stopping,
+            self.resync_s,
+        )
+
+    def _replace_node(self, objects: list[dict[str, Any]]) -> None:
+        for node in objects:
+            self._node_event("ADDED", node)
+
+    def _node_event(self, kind: str, node: dict[str, Any]) -> None:
+        health = {} if kind == "DELETED" else gpu_health(node)
+        with self._lock:
+            self._health = health
 
 
 class EventRecorder:
