@@ -22,9 +22,10 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from gpushare import protocol
 from gpushare.cluster import ClusterInfo, NodeSpec, down, up
 from gpushare.cluster.processes import free_port
+from gpushare.extender.binding import BindingClient
 from gpushare.extender.cache import ClusterCache
 from gpushare.extender.nudge import CapacityNudger
-from gpushare.extender.server import Extender, make_server, serve_in_thread
+from gpushare.extender.server import BIND_THREADS, Extender, make_server, serve_in_thread
 from gpushare.extender.watch import KubeBinder, Watcher
 
 _spec = importlib.util.spec_from_file_location(
@@ -75,8 +76,9 @@ def extender_cluster(
             extender_url=url,
             tie_to_parent=True,
         )
-        client = Client(config=KubeConfig.from_file(info.kubeconfig), field_manager="extender")
-        binder = KubeBinder(client)
+        config = KubeConfig.from_file(info.kubeconfig)
+        client = Client(config=config, field_manager="extender")
+        binder = KubeBinder(client, BindingClient(config.get(), BIND_THREADS))
         nudger = CapacityNudger(binder.annotate_node)
         cache.on_freed = nudger.freed
         nudger.start()

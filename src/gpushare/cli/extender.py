@@ -95,9 +95,10 @@ def parse_url(url: str) -> tuple[str, int, str]:
 def run(args: argparse.Namespace) -> int:
     from lightkube import Client, KubeConfig
 
+    from gpushare.extender.binding import BindingClient
     from gpushare.extender.leader import LeaderElector
     from gpushare.extender.nudge import CapacityNudger
-    from gpushare.extender.server import Extender, make_server
+    from gpushare.extender.server import BIND_THREADS, Extender, make_server
     from gpushare.extender.watch import KubeBinder, Watcher
 
     # kube-scheduler waits for filter and prioritize in its one scheduling loop, so their
@@ -131,7 +132,12 @@ def run(args: argparse.Namespace) -> int:
             client, identity=args.leader_elect_identity, namespace=args.leader_elect_namespace
         )
     is_leader = (lambda: elector.is_leader) if elector is not None else None
-    binder = KubeBinder(client)
+    try:
+        bindings = BindingClient(config.get(), BIND_THREADS)
+    except Exception as error:
+        print(f"gpushare extender: error: no usable kubeconfig: {error}", file=sys.stderr)
+        return 2
+    binder = KubeBinder(client, bindings)
     nudger = CapacityNudger(binder.annotate_node, is_leader)
     cache.on_freed = nudger.freed
     try:
@@ -163,5 +169,6 @@ def run(args: argparse.Namespace) -> int:
         watcher.stop()
         nudger.stop()
         server.server_close()
+        bindings.close()
         client.close()
     return 0

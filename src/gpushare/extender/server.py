@@ -4,21 +4,26 @@ POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind (prefix ``/gpushare-sch
 GET /healthz (the process answers), /readyz (the cache has listed nodes and pods and, with
 leader election, this replica leads), /metrics. With leader election a replica that does not
 lead answers every verb 503 (kube-scheduler retries the pod).
-A threaded stdlib server: kube-scheduler binds asynchronously, so calls overlap; the cache's
-lock orders them. A body that is not JSON, not the verb's shape, or larger than
-``MAX_BODY_BYTES`` gets a 4xx and a log line.
+An aiohttp server on one asyncio loop: filter and prioritize, kube-scheduler's critical path,
+run on the loop; each bind waits for its Binding call on a pool thread (kube-scheduler binds
+asynchronously, dozens at once), and the cache's lock orders them all. A body that is not
+JSON, not the verb's shape, or larger than ``MAX_BODY_BYTES`` gets a 4xx and a log line.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import orjson
+from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -37,6 +42,10 @@ log = logging.getLogger("gpushare.extender")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a pod and 5,000 node names fit many times over
 NOT_SYNCED = "the gpushare extender has not yet listed nodes and pods; try again"
 NOT_LEADER = "this gpushare extender replica is not the leader; try again"
+# Binds in flight at once, each waiting for its Binding call on a pool thread, with a kept-alive
+# connection each (binding.BindingClient). A busy API server answers a Binding in about 0.1 s:
+# 64 in flight keep up with over 500 binds a second.
+BIND_THREADS = 64
 
 
 class Binder(Protocol):
@@ -161,94 +170,133 @@ class Extender:
         return {}
 
 
-def _handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
+def _answer(status: int, body: bytes, content_type: str = "application/json") -> web.Response:
+    return web.Response(status=status, body=body, content_type=content_type)
+
+
+def _app(extender: Extender, prefix: str, bind_pool: ThreadPoolExecutor) -> web.Application:
+    """One handler for every path, so that unknown paths and methods get the same JSON errors."""
     routes: dict[str, Callable[[Any], Any]] = {
         f"{prefix}/{protocol.EXTENDER_FILTER_VERB}": extender.filter,
         f"{prefix}/{protocol.EXTENDER_PRIORITIZE_VERB}": extender.prioritize,
         f"{prefix}/{protocol.EXTENDER_BIND_VERB}": extender.bind,
     }
+    bind_path = f"{prefix}/{protocol.EXTENDER_BIND_VERB}"
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "gpushare-extender"
-        # Headers and body go out in separate writes: with Nagle's algorithm on, the body
-        # waits for the client's delayed ACK (40 ms) on a kept-alive connection.
-        disable_nagle_algorithm = True
+    def reject(
+        request: web.Request, status: int, message: str, close: bool = False
+    ) -> web.Response:
+        log.warning("%s %s: %d %s", request.method, request.path, status, message)
+        response = _answer(status, orjson.dumps({"error": message}))
+        if close:
+            response.force_close()
+        return response
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s %s", self.address_string(), format % args)
-
-        def _send(self, status: int, body: bytes, content_type: str = "application/json"):
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _reject(self, status: int, message: str, close: bool = False) -> None:
-            log.warning("%s %s: %d %s", self.command, self.path, status, message)
-            if close:
-                self.close_connection = True
-            self._send(status, orjson.dumps({"error": message}))
-
-        def do_GET(self) -> None:
-            if self.path == "/healthz":
-                self._send(200, b"ok", "text/plain")
-            elif self.path == "/readyz":
-                if not extender.cache.ready:
-                    self._send(503, b"syncing", "text/plain")
-                elif not extender.leading:
-                    self._send(503, b"not leader", "text/plain")
-                else:
-                    self._send(200, b"ok", "text/plain")
-            elif self.path == "/metrics":
-                self._send(200, generate_latest(extender.metrics.registry), CONTENT_TYPE_LATEST)
-            else:
-                self._reject(404, f"no such path {self.path}")
-
-        def do_POST(self) -> None:
-            route = routes.get(self.path)
-            if route is None:
-                self._reject(404, f"no such verb {self.path}", close=True)
-                return
-            length_text = self.headers.get("Content-Length")
-            if length_text is None or not length_text.isdigit():
-                self._reject(411, "a Content-Length is needed", close=True)
-                return
-            length = int(length_text)
-            if length > MAX_BODY_BYTES:
-                self._reject(413, f"body of {length} bytes over {MAX_BODY_BYTES}", close=True)
-                return
-            raw = self.rfile.read(length)
-            verb = self.path.rsplit("/", 1)[-1]
+    def get(request: web.Request) -> web.Response:
+        if request.path == "/healthz":
+            return _answer(200, b"ok", "text/plain")
+        if request.path == "/readyz":
+            if not extender.cache.ready:
+                return _answer(503, b"syncing", "text/plain")
             if not extender.leading:
-                extender.metrics.failures.labels("not_leader").inc()
-                self._reject(503, NOT_LEADER)
-                return
-            began = time.perf_counter()
-            try:
-                body = orjson.loads(raw)
+                return _answer(503, b"not leader", "text/plain")
+            return _answer(200, b"ok", "text/plain")
+        if request.path == "/metrics":
+            response = web.Response(body=generate_latest(extender.metrics.registry))
+            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+            return response
+        return reject(request, 404, f"no such path {request.path}")
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            return get(request)
+        if request.method != "POST":
+            return reject(request, 405, f"method {request.method} not allowed", close=True)
+        route = routes.get(request.path)
+        if route is None:
+            return reject(request, 404, f"no such verb {request.path}", close=True)
+        length = request.content_length
+        if length is None:
+            return reject(request, 411, "a Content-Length is needed", close=True)
+        if length > MAX_BODY_BYTES:
+            return reject(request, 413, f"body of {length} bytes over {MAX_BODY_BYTES}", True)
+        raw = await request.read()
+        verb = request.path.rsplit("/", 1)[-1]
+        if not extender.leading:
+            extender.metrics.failures.labels("not_leader").inc()
+            return reject(request, 503, NOT_LEADER)
+        began = time.perf_counter()
+        try:
+            body = orjson.loads(raw)
+            if request.path == bind_path:
+                # A bind waits for the API server: on a pool thread, so that filter and
+                # prioritize (kube-scheduler's critical path) never queue behind it.
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(bind_pool, route, body)
+            else:
                 result = route(body)
-            except orjson.JSONDecodeError as error:  # also bad UTF-8
-                self._reject(400, f"body is not JSON: {error}")
-                return
-            except verbs.VerbError as error:
-                self._reject(400, str(error))
-                return
-            except Exception as error:  # a bug must not take the extender down
-                log.exception("%s failed", verb)
-                self._reject(500, f"{verb}: internal error: {error}")
-                return
-            finally:
-                extender.metrics.latency.labels(verb).observe(time.perf_counter() - began)
-            self._send(200, orjson.dumps(result))
+        except orjson.JSONDecodeError as error:  # also bad UTF-8
+            return reject(request, 400, f"body is not JSON: {error}")
+        except verbs.VerbError as error:
+            return reject(request, 400, str(error))
+        except Exception as error:  # a bug must not take the extender down
+            log.exception("%s failed", verb)
+            return reject(request, 500, f"{verb}: internal error: {error}")
+        finally:
+            extender.metrics.latency.labels(verb).observe(time.perf_counter() - began)
+        return _answer(200, orjson.dumps(result))
 
-    return Handler
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_route("*", "/{path:.*}", handle)
+    return app
 
 
-class ExtenderServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class ExtenderServer:
+    """The HTTP server on its own asyncio loop: ``serve_forever`` runs it in the calling
+    thread until ``shutdown`` (from another thread) stops it; the socket is bound at once,
+    so a taken port fails in ``make_server``."""
+
+    def __init__(self, extender: Extender, host: str, port: int, prefix: str) -> None:
+        self.socket = socket.create_server((host, port), reuse_port=False)
+        self.server_address = self.socket.getsockname()
+        self._bind_pool = ThreadPoolExecutor(BIND_THREADS, thread_name_prefix="extender-bind")
+        self._app = _app(extender, prefix, self._bind_pool)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._stopped = threading.Event()
+
+    def serve_forever(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._stopped.set()
+            self._started.set()  # a server that failed to start must not hang shutdown()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.SockSite(runner, self.socket).start()
+        self._started.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+
+    def shutdown(self) -> None:
+        """Stop serving and wait until ``serve_forever`` has returned."""
+        self._started.wait()
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not self._stopped.is_set():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: stopped
+                loop.call_soon_threadsafe(stop.set)
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        self._bind_pool.shutdown(wait=False, cancel_futures=True)
+        self.socket.close()
 
 
 def make_server(
@@ -257,7 +305,7 @@ def make_server(
     port: int = protocol.EXTENDER_DEFAULT_PORT,
     prefix: str = protocol.EXTENDER_PATH_PREFIX,
 ) -> ExtenderServer:
-    return ExtenderServer((host, port), _handler(extender, prefix.rstrip("/")))
+    return ExtenderServer(extender, host, port, prefix.rstrip("/"))
 
 
 def serve_in_thread(server: ExtenderServer) -> threading.Thread:

@@ -12,10 +12,9 @@ import threading
 from typing import Any
 
 from lightkube import Client
-from lightkube.models.core_v1 import ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Pod, PodBinding
+from lightkube.resources.core_v1 import Node, Pod
 
+from gpushare.extender.binding import BindingClient
 from gpushare.extender.cache import ClusterCache
 from gpushare.kubewatch import Selection, keep_listing_and_watching, list_and_watch
 
@@ -26,10 +25,12 @@ RETRY_S = 1.0
 
 
 class KubeBinder:
-    """The bind's API calls with a lightkube client."""
+    """The bind's API calls: the Binding through ``bindings`` (binding.py), the rest with a
+    lightkube client."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, bindings: BindingClient) -> None:
         self.client = client
+        self.bindings = bindings
 
     def annotate_node(self, name: str, annotations: dict[str, str]) -> None:
         self.client.patch(Node, name, {"metadata": {"annotations": annotations}})
@@ -38,21 +39,7 @@ class KubeBinder:
         self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
     ) -> None:
         """Bind the pod and set its annotations in one update (the Binding carries them)."""
-        binding = PodBinding(
-            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid, annotations=annotations),
-            target=ObjectReference(kind="Node", name=node, apiVersion="v1"),
-        )
-        # The API server answers a Binding with a Status, which lightkube's create() would
-        # try to read as a Binding; send it through the generic client, not reading the body
-        # as a Binding (an error status still raises ApiError).
-        generic = self.client._client
-        request = generic.prepare_request(
-            "post", res=PodBinding, obj=binding, name=name, namespace=namespace
-        )
-        request.response_type = None
-        generic.handle_response(
-            "post", generic.send(generic.build_adapter_request(request)), request
-        )
+        self.bindings.bind(namespace, name, uid, node, annotations)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self.client.get(Pod, name, namespace=namespace).to_dict()
