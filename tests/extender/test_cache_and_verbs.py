@@ -360,6 +360,85 @@ def test_candidate_limit_passes_only_the_policys_best_nodes() -> None:
     assert verbs.filter_nodes(cache, body, candidate_limit=5)["nodenames"] == ["n1", "n2", "n3"]
 
 
+def _with_spec(the_pod: dict, **spec: object) -> dict:
+    the_pod["spec"].update(spec)
+    return the_pod
+
+
+PREFERRED_NODE = {
+    "nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 10,
+                "preference": {
+                    "matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]
+                },
+            }
+        ]
+    }
+}
+PREFERRED_POD = {
+    "podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 1,
+                "podAffinityTerm": {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {"app": "x"}},
+                },
+            }
+        ]
+    }
+}
+SPREAD = {"maxSkew": 1, "topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "x"}}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "soft"),
+    [
+        ({}, False),
+        ({"affinity": PREFERRED_NODE}, True),
+        ({"affinity": PREFERRED_POD}, True),
+        ({"topologySpreadConstraints": [{**SPREAD, "whenUnsatisfiable": "ScheduleAnyway"}]}, True),
+        # Hard rules are kube-scheduler's filters, applied before the extender is asked.
+        ({"topologySpreadConstraints": [{**SPREAD, "whenUnsatisfiable": "DoNotSchedule"}]}, False),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}
+                    }
+                }
+            },
+            False,
+        ),
+    ],
+)
+def test_auto_candidates_pass_the_best_node_unless_the_pod_has_soft_preferences(
+    spec: dict, soft: bool
+) -> None:
+    cache = make_cache(node("n1"), node("n2"), node("n3"))
+    binder = FakeBinder()
+    bound(cache, binder, pod("a", container(mem=8)), "n2")
+    bound(cache, binder, pod("b", container(mem=4)), "n3")
+    body = args(_with_spec(pod("c", container(mem=2)), **spec), "n1", "n2", "n3")
+    passed = verbs.filter_nodes(cache, body, candidate_limit=verbs.AUTO_CANDIDATES)
+    # Without soft preferences only binpack's choice passes: kube-scheduler, left with one
+    # feasible node, skips its scoring and prioritize. With them, all for it to weigh.
+    assert passed["nodenames"] == (["n1", "n2", "n3"] if soft else ["n2"])
+    # The extender's default is auto.
+    assert Extender(cache, binder).filter(body)["nodenames"] == passed["nodenames"]
+
+
+def test_auto_candidate_is_the_one_a_bind_would_choose_for_each_policy() -> None:
+    for policy, expected in (("binpack", "n2"), ("spread", "n1")):
+        cache = make_cache(node("n1", policy=policy), node("n2", policy=policy))
+        binder = FakeBinder()
+        bound(cache, binder, pod("a", container(mem=8)), "n2")
+        body = args(pod("c", container(mem=2)), "n1", "n2")
+        assert verbs.filter_nodes(cache, body, None)["nodenames"] == [expected], policy
+
+
 def test_two_pods_whose_gpus_are_swapped_one_after_the_other_are_both_counted() -> None:
     # The device plugin corrects a swap by rewriting two annotations, one after the other; in
     # between both name GPU 1, which cannot hold both: the first waits aside, then counts.

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+import pytest
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Namespace, Pod
 
@@ -80,3 +82,22 @@ def test_extender_cli_rejects_a_bad_url() -> None:
     )
     assert shown.returncode == 2
     assert "expected http://HOST:PORT/PREFIX" in shown.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "problem"),
+    [(["--candidate-nodes", "some"], "'some'"), ([], "'-1'")],
+)
+def test_extender_cli_rejects_a_bad_candidate_count(given: list[str], problem: str) -> None:
+    env = {**os.environ, "GPUSHARE_EXTENDER_CANDIDATE_NODES": "-1"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpushare.cli.main", "extender", *given],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert shown.returncode == 2
+    assert "--candidate-nodes" in shown.stderr
+    assert f"expected a whole number or auto, got {problem}" in shown.stderr
+    assert "Traceback" not in shown.stderr

@@ -51,12 +51,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--candidate-nodes",
-        type=int,
-        default=int(os.environ.get("GPUSHARE_EXTENDER_CANDIDATE_NODES", "0") or 0),
-        metavar="N",
+        type=candidate_nodes,
+        default=os.environ.get("GPUSHARE_EXTENDER_CANDIDATE_NODES") or "auto",
+        metavar="N|auto",
         help="filter passes at most N nodes, those the GPU placement policy scores highest, "
-        "so kube-scheduler scores N nodes instead of every node that fits (0: all; default "
-        "$GPUSHARE_EXTENDER_CANDIDATE_NODES, else 0)",
+        "so kube-scheduler scores N nodes instead of every node that fits (0: all); auto: "
+        "the best node alone for pods without preferred affinities or ScheduleAnyway spread "
+        "constraints, all for pods with them (default $GPUSHARE_EXTENDER_CANDIDATE_NODES, "
+        "else auto)",
     )
     parser.add_argument(
         "--resync", type=float, default=300.0, help="seconds between full relists (default 300)"
@@ -81,6 +83,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--log-level", default="INFO", help="default INFO")
     parser.set_defaults(run=run)
+
+
+def candidate_nodes(text: str) -> int | None:
+    """``--candidate-nodes``: a count of nodes (0: all), or ``auto`` (None)."""
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number or auto, got {text!r}")
+    return int(text)
 
 
 def parse_url(url: str) -> tuple[str, int, str]:
@@ -141,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     nudger = CapacityNudger(binder.annotate_node, is_leader)
     cache.on_freed = nudger.freed
     try:
-        extender = Extender(cache, binder, is_leader, nudger, max(0, args.candidate_nodes))
+        extender = Extender(cache, binder, is_leader, nudger, args.candidate_nodes)
         server = make_server(extender, host, port, prefix)
     except OSError as error:
         print(f"gpushare extender: error: cannot listen on {host}:{port}: {error}", file=sys.stderr)

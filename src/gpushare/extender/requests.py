@@ -56,6 +56,9 @@ class PodRequest:
     key: str  # namespace/name
     containers: tuple[ContainerRequest, ...]
     policy: str | None  # the pod's gpushare.io/policy annotation, if any
+    # The pod states preferences that kube-scheduler's score plugins weigh (preferred node
+    # or pod (anti-)affinity, a ScheduleAnyway spread constraint): see has_soft_preferences.
+    soft_preferences: bool = False
 
     @property
     def uses_gpu(self) -> bool:
@@ -128,7 +131,24 @@ def parse_pod(pod: dict[str, Any], units: Units | None = None) -> PodRequest:
             f"annotation {protocol.ANNOTATION_GPU_COUNT} set but no container asks for "
             f"{protocol.RESOURCE_GPU_MEMORY}"
         )
-    return PodRequest(key, tuple(containers), policy)
+    return PodRequest(key, tuple(containers), policy, has_soft_preferences(spec))
+
+
+def has_soft_preferences(spec: dict[str, Any]) -> bool:
+    """True if the pod spec asks kube-scheduler to prefer some nodes over others that fit.
+
+    Such pods need kube-scheduler's score plugins to see every node that fits, so the
+    extender's filter passes them all (verbs.filter_nodes); hard rules (required affinity,
+    DoNotSchedule spread) are kube-scheduler's filters, applied before the extender is asked.
+    """
+    affinity = spec.get("affinity") or {}
+    for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+        if (affinity.get(kind) or {}).get("preferredDuringSchedulingIgnoredDuringExecution"):
+            return True
+    return any(
+        (constraint or {}).get("whenUnsatisfiable") == "ScheduleAnyway"
+        for constraint in spec.get("topologySpreadConstraints") or []
+    )
 
 
 def _container_request(

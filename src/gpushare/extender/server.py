@@ -94,12 +94,13 @@ class Extender:
         binder: Binder | None = None,
         is_leader: Callable[[], bool] | None = None,
         nudger: CapacityNudger | None = None,
-        candidate_limit: int = 0,
+        candidate_limit: int | None = verbs.AUTO_CANDIDATES,
     ) -> None:
         self.cache = cache
         self.binder = binder
         self.nudger = nudger
-        # > 0: filter passes at most this many nodes, the GPU policy's best (0: all that fit).
+        # > 0: filter passes at most this many nodes, the GPU policy's best (0: all that fit;
+        # None: by the pod, verbs.candidates_for).
         self.candidate_limit = candidate_limit
         # None: no leader election (one replica), always answer.
         self.is_leader = is_leader

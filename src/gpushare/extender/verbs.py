@@ -177,9 +177,27 @@ def _try_on_node(
         release_all()
 
 
-def filter_nodes(cache: ClusterCache, body: Any, candidate_limit: int = 0) -> dict[str, Any]:
-    """Filter's answer; with ``candidate_limit``, only that many of the nodes that fit pass,
-    those the pod's GPU policy scores highest (best_candidates)."""
+# filter_nodes' candidate_limit: one node for a pod without soft preferences, all for one with.
+AUTO_CANDIDATES = None
+
+
+def candidates_for(request: PodRequest, candidate_limit: int | None) -> int:
+    """How many of the nodes that fit filter passes (0: all).
+
+    Auto: a pod without soft preferences gets only the node its GPU policy ranks first.
+    kube-scheduler, left with one feasible node, then skips its score plugins and the
+    prioritize call, so the GPU policy alone chooses the node, in one HTTP call instead of
+    two. A pod with soft preferences gets every node that fits, for kube-scheduler to weigh
+    them with prioritize's GPU score.
+    """
+    if candidate_limit is not None:
+        return candidate_limit
+    return 0 if request.soft_preferences else 1
+
+
+def filter_nodes(cache: ClusterCache, body: Any, candidate_limit: int | None = 0) -> dict[str, Any]:
+    """Filter's answer; with a ``candidate_limit`` (None: auto, see candidates_for) only
+    that many of the nodes that fit pass, those the pod's GPU policy scores highest."""
     pod, names = _args(body)
     passed: list[str] = []
     failed: dict[str, str] = {}
@@ -205,12 +223,20 @@ def filter_nodes(cache: ClusterCache, body: Any, candidate_limit: int = 0) -> di
             }
         indices = _indices(cache, names)
         known = indices >= 0
+        limit = candidates_for(request, candidate_limit)
         if len(request.containers) == 1:
             only = request.containers[0].request
             fits, eligible = placer.feasible(only)
             ok = known.copy()
             ok[known] = fits[indices[known]]
-            passed = [name for name, good in zip(names, ok.tolist(), strict=True) if good]
+            positions = np.flatnonzero(ok)
+            if limit and len(positions) > limit:
+                # Rank the nodes that fit by their policy, with the eligible GPUs just
+                # computed (they depend on the ledger and the request, not on the policy).
+                scores = _node_scores(cache, request, indices[positions], {only: eligible})
+                positions = _top(positions, scores, limit)
+                limit = 0
+            passed = [names[i] for i in positions.tolist()]
             # Reasons only for the nodes that fail (the message of a pod that waits).
             for position in np.flatnonzero(~ok).tolist():
                 name, index = names[position], int(indices[position])
@@ -230,8 +256,8 @@ def filter_nodes(cache: ClusterCache, body: Any, candidate_limit: int = 0) -> di
                     passed.append(name)
                     continue
                 (unresolvable if never else failed)[name] = reason
-    if candidate_limit:
-        passed = best_candidates(cache, request, passed, candidate_limit)
+    if limit:
+        passed = best_candidates(cache, request, passed, limit)
     result: dict[str, Any] = {"nodenames": passed, "failedNodes": failed}
     if unresolvable:
         result["failedAndUnresolvableNodes"] = unresolvable
@@ -263,9 +289,16 @@ def prioritize(cache: ClusterCache, body: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _node_scores(cache: ClusterCache, request: PodRequest, indices: np.ndarray) -> np.ndarray:
+def _node_scores(
+    cache: ClusterCache,
+    request: PodRequest,
+    indices: np.ndarray,
+    known_eligible: dict[Request, np.ndarray] | None = None,
+) -> np.ndarray:
     """Each node's score 0..10 by its policy (the pod's, else its label); 0 where it does not
-    fit or is not a gpushare node (index -1). Call with the cache's lock held."""
+    fit or is not a gpushare node (index -1). ``known_eligible``: each request's
+    eligible_gpus, when the caller has them and every node of ``indices`` is known to fit.
+    Call with the cache's lock held."""
     scores = np.zeros(len(indices), dtype=np.int64)
     positions = np.flatnonzero(indices >= 0)
     if request.policy:
@@ -284,15 +317,19 @@ def _node_scores(cache: ClusterCache, request: PodRequest, indices: np.ndarray) 
             continue
         nodes = indices[chosen]
         feasible = np.ones(len(nodes), dtype=bool)
+        eligible: dict[Request, np.ndarray] = {}
         for item in request.containers:
-            fits, _ = placer.feasible(item.request)
-            feasible &= fits[nodes]
+            known = known_eligible.get(item.request) if known_eligible else None
+            if known is None:
+                fits, known = placer.feasible(item.request)
+                feasible &= fits[nodes]
+            eligible[item.request] = known
         if not feasible.any():
             continue
         nodes, chosen = nodes[feasible], chosen[feasible]
         total = np.zeros(len(nodes))
         for item in request.containers:
-            total += placer.scores(item.request, nodes)
+            total += placer.scores(item.request, nodes, eligible[item.request])
         low, high = float(total.min()), float(total.max())
         if high - low < 1e-12:
             scores[chosen] = MAX_EXTENDER_PRIORITY
@@ -310,9 +347,16 @@ def best_candidates(
         return passed
     with cache.lock:
         scores = _node_scores(cache, request, _indices(cache, passed))
-    # Highest score first; among equals, the order kube-scheduler sent (stable sort).
-    keep = np.sort(np.argsort(-scores, kind="stable")[:limit])
+    keep = _top(np.arange(len(passed)), scores, limit)
     return [passed[i] for i in keep.tolist()]
+
+
+def _top(positions: np.ndarray, scores: np.ndarray, limit: int) -> np.ndarray:
+    """The ``limit`` positions with the highest scores, in their original order; among
+    equal scores, the earlier (kube-scheduler's order: a stable sort)."""
+    if limit == 1:
+        return positions[[int(np.argmax(scores))]]  # argmax: the first of the highest
+    return positions[np.sort(np.argsort(-scores, kind="stable")[:limit])]
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,9 +160,13 @@ class Placer:
 
     # -- choosing --------------------------------------------------------------------------
 
-    def scores(self, request: Request, nodes: np.ndarray) -> np.ndarray:
-        """The node policy's score of each of ``nodes`` (all feasible); higher is better."""
-        _, eligible = self.feasible(request)
+    def scores(
+        self, request: Request, nodes: np.ndarray, eligible: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The node policy's score of each of ``nodes`` (all feasible); higher is better.
+        ``eligible``: the request's eligible_gpus, if the caller has them already."""
+        if eligible is None:
+            _, eligible = self.feasible(request)
         return self.node_policy.score_nodes(self.context, request, nodes, eligible)
 
     def decide(
