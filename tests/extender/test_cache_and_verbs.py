@@ -439,6 +439,22 @@ def test_auto_candidate_is_the_one_a_bind_would_choose_for_each_policy() -> None
         assert verbs.filter_nodes(cache, body, None)["nodenames"] == [expected], policy
 
 
+def test_node_updates_that_change_no_gpushare_input_leave_the_ledger_alone() -> None:
+    cache = make_cache(node("n1"), node("n2"))
+    binder = FakeBinder()
+    bound(cache, binder, pod("a", container(mem=8)), "n1")
+    ledger = cache.ledger
+    cordoned = node("n1")
+    cordoned["spec"] = {"unschedulable": True}
+    cordoned["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    cache.upsert_node(cordoned)
+    assert cache.ledger is ledger  # not rebuilt: nothing the extender reads changed
+    cache.upsert_node(node("n1", unhealthy=(0,)))  # the inventory changed
+    assert cache.ledger is not ledger
+    assert not cache.ledger.gpu_healthy[cache.ledger.node_index["n1"], 0]
+    assert cache.pods["default/a"].in_ledger  # its share still counted after the rebuild
+
+
 def test_two_pods_whose_gpus_are_swapped_one_after_the_other_are_both_counted() -> None:
     # The device plugin corrects a swap by rewriting two annotations, one after the other; in
     # between both name GPU 1, which cannot hold both: the first waits aside, then counts.

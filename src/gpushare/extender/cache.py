@@ -65,6 +65,21 @@ class PodState:
     in_ledger: bool = field(default=False)
 
 
+def node_inputs(obj: dict[str, Any]) -> tuple[str, str | None, str | None, str | None]:
+    """What node_info reads of a node object: its name, the enabled and policy labels and
+    the inventory annotation. A node event that changes none of them (a status or lease
+    update, a cordon) changes nothing in the cache, and is not parsed again."""
+    metadata = obj.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    return (
+        str(metadata.get("name") or ""),
+        labels.get(protocol.LABEL_ENABLED),
+        labels.get(protocol.LABEL_POLICY),
+        annotations.get(protocol.ANNOTATION_GPUS),
+    )
+
+
 def node_info(obj: dict[str, Any]) -> NodeInfo:
     """A node object as the cache sees it."""
     metadata = obj.get("metadata") or {}
@@ -169,6 +184,7 @@ class ClusterCache:
         self.units = units or Units()
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeInfo] = {}
+        self._node_inputs: dict[str, tuple[Any, ...]] = {}  # node_inputs of each node's info
         self.pods: dict[str, PodState] = {}
         self.ledger = Ledger([])
         self._placers: dict[str, Placer] = {}
@@ -204,10 +220,15 @@ class ClusterCache:
             return self._policy_ids
 
     def upsert_node(self, obj: dict[str, Any]) -> None:
+        inputs = node_inputs(obj)
+        with self.lock:
+            if self._node_inputs.get(inputs[0]) == inputs and inputs[0] in self.nodes:
+                return
         info = node_info(obj)
         with self.lock:
             old = self.nodes.get(info.name)
             self.nodes[info.name] = info
+            self._node_inputs[info.name] = inputs
             if old is None or old.policy != info.policy:
                 self._policy_ids = None
             if old is None or old.node != info.node:
@@ -217,6 +238,7 @@ class ClusterCache:
 
     def delete_node(self, name: str) -> None:
         with self.lock:
+            self._node_inputs.pop(name, None)
             if self.nodes.pop(name, None) is not None:
                 self._rebuild()
 
@@ -224,6 +246,7 @@ class ClusterCache:
         """A full list of the nodes (a watch's initial list or a resync)."""
         with self.lock:
             self.nodes = {info.name: info for info in map(node_info, objs)}
+            self._node_inputs = {inputs[0]: inputs for inputs in map(node_inputs, objs)}
             self._rebuild()
             self.synced["nodes"] = True
 
