@@ -46,13 +46,18 @@ def shares(the_pod: dict) -> dict:
     return json.loads(the_pod["metadata"]["annotations"][protocol.ANNOTATION_ALLOCATION])
 
 
-def test_filter_passes_fitting_nodes_and_says_why_for_others() -> None:
+def test_filter_passes_fitting_nodes_and_says_why_when_none_fits() -> None:
     cache = make_cache(node("small", memory_gib=16), node("big", memory_gib=80))
     result = verbs.filter_nodes(cache, args(pod("p", container(mem=40)), "small", "big", "ghost"))
     assert result["nodenames"] == ["big"]
+    # kube-scheduler uses the others' reasons only for a pod that fits nowhere: none spent.
     assert result["failedNodes"] == {}
+    assert "failedAndUnresolvableNodes" not in result
+    result = verbs.filter_nodes(cache, args(pod("p", container(mem=90)), "small", "big", "ghost"))
+    assert result["nodenames"] == []
     assert result["failedAndUnresolvableNodes"] == {
-        "small": "no GPU with 40 GiB free (largest free: 16 GiB on GPU 0)",
+        "small": "no GPU with 90 GiB free (largest free: 16 GiB on GPU 0)",
+        "big": "no GPU with 90 GiB free (largest free: 80 GiB on GPU 0)",
         "ghost": "node not known to gpushare",
     }
 
