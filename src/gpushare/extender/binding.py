@@ -44,26 +44,19 @@ class BindingClient:
         # A pooled connection the server has closed is replaced before use; a request that
         # failed to connect is tried again. One that reached the server is never re-sent.
         retries = urllib3.Retry(total=2, connect=2, read=False, redirect=0, status=0, other=0)
+        pooling: dict[str, Any] = {
+            "maxsize": connections,
+            "block": False,
+            "timeout": timeout,
+            "retries": retries,
+        }
         if server.scheme == "https":
             context = verify_cluster(config.cluster, config.user, config.abs_file)
             self.pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
-                server.hostname,
-                server.port or 443,
-                ssl_context=context,
-                maxsize=connections,
-                block=False,
-                timeout=timeout,
-                retries=retries,
+                server.hostname, server.port or 443, ssl_context=context, **pooling
             )
         else:
-            self.pool = urllib3.HTTPConnectionPool(
-                server.hostname,
-                server.port or 80,
-                maxsize=connections,
-                block=False,
-                timeout=timeout,
-                retries=retries,
-            )
+            self.pool = urllib3.HTTPConnectionPool(server.hostname, server.port or 80, **pooling)
 
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
