@@ -444,6 +444,19 @@ def test_auto_candidate_is_the_one_a_bind_would_choose_for_each_policy() -> None
         assert verbs.filter_nodes(cache, body, None)["nodenames"] == [expected], policy
 
 
+def test_the_one_candidate_is_the_best_node_not_one_of_a_rounded_tie() -> None:
+    # prioritize's 0..10 would give the two fullest nodes 10 each; the candidate is ranked
+    # unrounded, so binpack picks the fullest even when kube-scheduler lists the other first.
+    cache = make_cache(*(node(name, gpus=1, memory_gib=80) for name in ("n0", "n1", "n2")))
+    binder = FakeBinder()
+    bound(cache, binder, pod("a", container(mem=78)), "n1")
+    bound(cache, binder, pod("b", container(mem=79)), "n2")
+    body = args(pod("c", container(mem=1)), "n0", "n1", "n2")
+    levels = {item["host"]: item["score"] for item in verbs.prioritize(cache, body)}
+    assert levels["n1"] == levels["n2"] == verbs.MAX_EXTENDER_PRIORITY
+    assert verbs.filter_nodes(cache, body, None)["nodenames"] == ["n2"]
+
+
 def test_node_updates_that_change_no_gpushare_input_leave_the_ledger_alone() -> None:
     cache = make_cache(node("n1"), node("n2"))
     binder = FakeBinder()

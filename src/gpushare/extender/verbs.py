@@ -288,8 +288,9 @@ def prioritize(cache: ClusterCache, body: Any) -> list[dict[str, Any]]:
         return [{"host": name, "score": 0} for name in names]
     with cache.lock:
         scores = _node_scores(cache, request, _indices(cache, names))
+    levels = np.rint(scores * MAX_EXTENDER_PRIORITY).astype(np.int64)
     return [
-        {"host": name, "score": score} for name, score in zip(names, scores.tolist(), strict=True)
+        {"host": name, "score": score} for name, score in zip(names, levels.tolist(), strict=True)
     ]
 
 
@@ -299,11 +300,12 @@ def _node_scores(
     indices: np.ndarray,
     known_eligible: dict[Request, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Each node's score 0..10 by its policy (the pod's, else its label); 0 where it does not
-    fit or is not a gpushare node (index -1). ``known_eligible``: each request's
-    eligible_gpus, when the caller has them and every node of ``indices`` is known to fit.
-    Call with the cache's lock held."""
-    scores = np.zeros(len(indices), dtype=np.int64)
+    """Each node's score by its policy (the pod's, else its label), scaled to 0..1 among the
+    nodes of that policy (1: the best; prioritize rounds it to 0..10, and the candidates are
+    ranked by it unrounded); 0 where it does not fit or is not a gpushare node (index -1).
+    ``known_eligible``: each request's eligible_gpus, when the caller has them and every node
+    of ``indices`` is known to fit. Call with the cache's lock held."""
+    scores = np.zeros(len(indices))
     positions = np.flatnonzero(indices >= 0)
     if request.policy:
         groups = {request.policy: positions}
@@ -335,10 +337,7 @@ def _node_scores(
         for item in request.containers:
             total += placer.scores(item.request, nodes, eligible[item.request])
         low, high = float(total.min()), float(total.max())
-        if high - low < 1e-12:
-            scores[chosen] = MAX_EXTENDER_PRIORITY
-        else:
-            scores[chosen] = np.rint((total - low) * MAX_EXTENDER_PRIORITY / (high - low))
+        scores[chosen] = 1.0 if high - low < 1e-12 else (total - low) / (high - low)
     return scores
 
 
