@@ -84,13 +84,12 @@ def test_unschedulable_pod_says_why(ekube, ens) -> None:
     assert "no GPU with 100 GiB free (largest free:" in note
 
 
-def test_deleting_pods_frees_their_share(ekube, ewatch, ens, extender_cluster) -> None:
-    for i in range(4):
-        place(ekube, ewatch, ens, gpu_pod(f"full{i}", gpu=1))
+def test_deleting_pods_frees_their_share(ekube, ewatch, ens) -> None:
+    nodes = [place(ekube, ewatch, ens, gpu_pod(f"full{i}", gpu=1))[0] for i in range(4)]
     ekube.create(gpu_pod("waiting", gpu=1), namespace=ens)
     note = _failed_scheduling(ekube, ens, "waiting")
     assert "0 whole free GPU(s), need 1" in note
-    nudges = extender_cluster.nudger.nudges
+    deleted_ns = time.time_ns()
     ekube.delete(Pod, "full2", namespace=ens, grace_period=0)
     # kube-scheduler retries a refused pod on the next cluster event, at most 10 s of backoff
     # later. If the deletion reaches it before the extender's cache, that retry is refused
@@ -98,7 +97,15 @@ def test_deleting_pods_frees_their_share(ekube, ewatch, ens, extender_cluster) -
     # next retry (extender/nudge.py). Without it the pod could wait 5 minutes.
     bound = ewatch(Pod, "waiting", lambda p: bool(p.spec.nodeName), namespace=ens, timeout=45)
     assert bound.metadata.annotations[protocol.ANNOTATION_ALLOCATION]
-    assert extender_cluster.nudger.nudges > nudges  # the refused pod was waiting: nudged
+
+    # The refused pod was waiting, so the freed node was nudged: its annotation is written
+    # after the cache let the share go (it may land after the bind, which a retry of
+    # kube-scheduler's own can make first).
+    def nudged(obj: Node) -> bool:
+        text = (obj.metadata.annotations or {}).get(protocol.ANNOTATION_CAPACITY_FREED, "0")
+        return int(text) > deleted_ns
+
+    ewatch(Node, nodes[2], nudged, timeout=30)
 
 
 def _label_nodes_policy(kube: Client, cache: Any, policy: str | None) -> None:
