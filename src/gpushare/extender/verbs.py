@@ -80,8 +80,9 @@ def _policy(cache: ClusterCache, pod: PodRequest, node: str) -> str:
     return info.policy if info is not None else protocol.DEFAULT_NODE_POLICY
 
 
-def _never_fits(placer: Placer, request: Request, index: int) -> bool:
-    """True if the node could not take the request even with nothing on it."""
+def _never_fits(placer: Placer, request: Request, index: int | slice = slice(None)) -> Any:
+    """True if the node could not take the request even with nothing on it (for every node
+    of the ledger at once, as a mask, without ``index``)."""
     ledger = placer.ledger
     present = ledger.gpu_present[index]
     if request.allowed_models:
@@ -89,7 +90,10 @@ def _never_fits(placer: Placer, request: Request, index: int) -> bool:
         present = present & allowed[ledger.gpu_model_id[index]]
     if not request.exclusive:
         present = present & (ledger.gpu_memory_mib[index] >= request.memory_mib_per_gpu)
-    return int(present.sum()) < request.gpu_count
+    counts = present.sum(axis=-1)
+    if isinstance(index, slice):
+        return counts < request.gpu_count
+    return int(counts) < request.gpu_count
 
 
 def _unusable_reason(cache: ClusterCache, name: str) -> str:
@@ -242,14 +246,14 @@ def filter_nodes(cache: ClusterCache, body: Any, candidate_limit: int | None = 0
             # passes it drops the others, with or without a reason. A Python call per
             # failing node is the slow part of filter on a full cluster.
             failing = np.flatnonzero(~ok) if len(positions) == 0 else np.empty(0, np.int64)
+            never = _never_fits(placer, only).tolist() if len(failing) else []
             for position in failing.tolist():
                 name, index = names[position], int(indices[position])
                 if index < 0:
                     unresolvable[name] = _unusable_reason(cache, name)
                     continue
                 reason = placer.reason(only, index, eligible) or "does not fit"
-                never = _never_fits(placer, only, index)
-                (unresolvable if never else failed)[name] = reason
+                (unresolvable if never[index] else failed)[name] = reason
         else:
             for name, index in zip(names, indices.tolist(), strict=True):
                 if index < 0:
