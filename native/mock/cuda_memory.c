@@ -159,7 +159,9 @@ MOCK_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *pointer, size_t bytes, unsig
     return linear_alloc(pointer, bytes);
 }
 
-MOCK_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer)
+/* Both cuMemFree entry points; a static function, so that the legacy one does not go through
+ * an exported symbol the interception library may have replaced. */
+static CUresult linear_free(CUdeviceptr pointer)
 {
     CUresult rc = mock_check_init();
     if (rc != CUDA_SUCCESS)
@@ -174,6 +176,11 @@ MOCK_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer)
         rc = mock_free_locked(pointer, MOCK_ALLOC_LINEAR);
     mock_cuda_unlock();
     return rc;
+}
+
+MOCK_EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer)
+{
+    return linear_free(pointer);
 }
 
 /* ---- legacy (pre-_v2) entry points: 32-bit device pointers and sizes ---------------------- */
@@ -217,19 +224,7 @@ MOCK_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *pointer, unsigned int *pitc
 
 MOCK_EXPORT CUresult cuMemFree(CUdeviceptr_v1 pointer)
 {
-    CUresult rc = mock_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (pointer == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (mock_cuda_lock() != 0)
-        return CUDA_ERROR_UNKNOWN;
-    if (!mock_current_context_locked())
-        rc = CUDA_ERROR_INVALID_CONTEXT;
-    else
-        rc = mock_free_locked(pointer, MOCK_ALLOC_LINEAR);
-    mock_cuda_unlock();
-    return rc;
+    return linear_free(pointer);
 }
 
 /* Like the real driver, sizes that do not fit 32 bits are reported as UINT_MAX. */
