@@ -45,12 +45,19 @@ from gpushare.placement.policies import PolicyError
 log = logging.getLogger("gpushare.extender")
 
 
+# What the cache reads of a node object: its enabled and policy labels and its inventory
+# annotation. A node event that changes none of them (a status update, a cordon) changes
+# nothing in the cache, and is not parsed again.
+NodeSource = tuple[str | None, str | None, str | None]
+
+
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     name: str
     node: Node | None  # None: not a usable gpushare node (see ``problem``)
     policy: str
-    problem: str | None = None
+    problem: str | None
+    source: NodeSource  # what it was made from (node_source)
 
 
 @dataclass(slots=True)
@@ -65,33 +72,28 @@ class PodState:
     in_ledger: bool = field(default=False)
 
 
-def node_inputs(obj: dict[str, Any]) -> tuple[str, str | None, str | None, str | None]:
-    """What node_info reads of a node object: its name, the enabled and policy labels and
-    the inventory annotation. A node event that changes none of them (a status or lease
-    update, a cordon) changes nothing in the cache, and is not parsed again."""
+def node_source(obj: dict[str, Any]) -> tuple[str, NodeSource]:
+    """A node object's name, and what node_info reads of it."""
     metadata = obj.get("metadata") or {}
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
-    return (
-        str(metadata.get("name") or ""),
+    source = (
         labels.get(protocol.LABEL_ENABLED),
         labels.get(protocol.LABEL_POLICY),
         annotations.get(protocol.ANNOTATION_GPUS),
     )
+    return str(metadata.get("name") or ""), source
 
 
 def node_info(obj: dict[str, Any]) -> NodeInfo:
     """A node object as the cache sees it."""
-    metadata = obj.get("metadata") or {}
-    name = str(metadata.get("name") or "")
-    labels = metadata.get("labels") or {}
-    annotations = metadata.get("annotations") or {}
-    policy = labels.get(protocol.LABEL_POLICY) or protocol.DEFAULT_NODE_POLICY
-    if labels.get(protocol.LABEL_ENABLED) != "true":
-        return NodeInfo(name, None, policy, f"{protocol.LABEL_ENABLED} is not true")
-    text = annotations.get(protocol.ANNOTATION_GPUS)
+    name, source = node_source(obj)
+    enabled, policy_label, text = source
+    policy = policy_label or protocol.DEFAULT_NODE_POLICY
+    if enabled != "true":
+        return NodeInfo(name, None, policy, f"{protocol.LABEL_ENABLED} is not true", source)
     if not text:
-        return NodeInfo(name, None, policy, f"no {protocol.ANNOTATION_GPUS} annotation")
+        return NodeInfo(name, None, policy, f"no {protocol.ANNOTATION_GPUS} annotation", source)
     try:
         gpus = protocol.decode_gpus(text)
         node = Node(
@@ -103,8 +105,8 @@ def node_info(obj: dict[str, Any]) -> NodeInfo:
             memory_mib=0,
         )
     except (protocol.ProtocolError, ModelError) as error:
-        return NodeInfo(name, None, policy, f"bad {protocol.ANNOTATION_GPUS}: {error}")
-    return NodeInfo(name, node, policy)
+        return NodeInfo(name, None, policy, f"bad {protocol.ANNOTATION_GPUS}: {error}", source)
+    return NodeInfo(name, node, policy, None, source)
 
 
 def allocations_from_pod(obj: dict[str, Any]) -> dict[str, Allocation] | None:
@@ -184,7 +186,6 @@ class ClusterCache:
         self.units = units or Units()
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeInfo] = {}
-        self._node_inputs: dict[str, tuple[Any, ...]] = {}  # node_inputs of each node's info
         self.pods: dict[str, PodState] = {}
         self.ledger = Ledger([])
         self._placers: dict[str, Placer] = {}
@@ -220,15 +221,15 @@ class ClusterCache:
             return self._policy_ids
 
     def upsert_node(self, obj: dict[str, Any]) -> None:
-        inputs = node_inputs(obj)
+        name, source = node_source(obj)
         with self.lock:
-            if self._node_inputs.get(inputs[0]) == inputs and inputs[0] in self.nodes:
+            known = self.nodes.get(name)
+            if known is not None and known.source == source:
                 return
         info = node_info(obj)
         with self.lock:
             old = self.nodes.get(info.name)
             self.nodes[info.name] = info
-            self._node_inputs[info.name] = inputs
             if old is None or old.policy != info.policy:
                 self._policy_ids = None
             if old is None or old.node != info.node:
@@ -238,7 +239,6 @@ class ClusterCache:
 
     def delete_node(self, name: str) -> None:
         with self.lock:
-            self._node_inputs.pop(name, None)
             if self.nodes.pop(name, None) is not None:
                 self._rebuild()
 
@@ -246,7 +246,6 @@ class ClusterCache:
         """A full list of the nodes (a watch's initial list or a resync)."""
         with self.lock:
             self.nodes = {info.name: info for info in map(node_info, objs)}
-            self._node_inputs = {inputs[0]: inputs for inputs in map(node_inputs, objs)}
             self._rebuild()
             self.synced["nodes"] = True
 
