@@ -8,6 +8,7 @@ pending pod could not fit anywhere in what is left).
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Namespace, Pod
 
 from gpushare import protocol
@@ -61,24 +62,45 @@ def _settled(pod: Pod) -> bool:
 
 
 def _watch_until(
-    kube: Client, namespace: str, done: Callable[[dict[str, Pod]], bool], timeout: float
+    kubeconfig: Path, namespace: str, done: Callable[[dict[str, Pod]], bool], timeout: float
 ) -> dict[str, Pod]:
-    """Watch the namespace's pods until ``done(pods by name)``; the pods, or a failure."""
-    deadline = time.monotonic() + timeout
+    """Watch the namespace's pods until ``done(pods by name)``; the pods, or a failure.
+
+    The deadline holds even when no event comes: lightkube's watch reconnects by itself when
+    the server ends it, so it runs under an asyncio timeout rather than a check per event.
+    """
     pods: dict[str, Pod] = {}
-    while time.monotonic() < deadline:
-        # A watch without a version starts with every pod's current state.
-        for kind, obj in kube.watch(Pod, namespace=namespace, server_timeout=10):
-            if kind == "DELETED":
-                pods.pop(obj.metadata.name, None)
-            else:
-                pods[obj.metadata.name] = obj
-            if done(pods) or time.monotonic() > deadline:
-                break
-        if done(pods):
-            return pods
-    pending = sorted(n for n, p in pods.items() if not _settled(p))
-    pytest.fail(f"not settled in {timeout} s: {len(pods)} pods seen, unsettled {pending[:10]}")
+
+    async def watch() -> None:
+        client = AsyncClient(config=KubeConfig.from_file(kubeconfig))
+        try:
+            async with asyncio.timeout(timeout):
+                # A watch without a version starts with every pod's current state.
+                async for kind, obj in client.watch(Pod, namespace=namespace):
+                    if kind == "DELETED":
+                        pods.pop(obj.metadata.name, None)
+                    else:
+                        pods[obj.metadata.name] = obj
+                    if done(pods):
+                        return
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(watch())
+    except TimeoutError:
+        pending = sorted(n for n, p in pods.items() if not _settled(p))
+        states = {n: _state(pods[n]) for n in pending[:5]}
+        pytest.fail(
+            f"not settled in {timeout} s: {len(pods)} pods seen, unsettled {pending[:10]}; "
+            f"first states: {states}"
+        )
+    return pods
+
+
+def _state(pod: Pod) -> list[tuple[str, str, str | None]]:
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return [(c.type, c.status, c.reason) for c in conditions]
 
 
 @pytest.fixture(scope="module")
@@ -148,12 +170,12 @@ def test_sigkill_in_a_burst_loses_nothing_and_allocates_nothing_twice(
     def enough_bound(pods: dict[str, Pod]) -> bool:
         return sum(bool(p.spec.nodeName) for p in pods.values()) >= KILL_AFTER_BOUND
 
-    _watch_until(kube, namespace, enough_bound, 120)
+    _watch_until(info.kubeconfig, namespace, enough_bound, 120)
     first.kill()  # SIGKILL
     assert first.wait(10) == -9
     extender_process()
     pods = _watch_until(
-        kube,
+        info.kubeconfig,
         namespace,
         lambda pods: len(pods) == BURST and all(map(_settled, pods.values())),
         SETTLE_TIMEOUT_S,
