@@ -10,8 +10,9 @@ Two local clusters (`gpushare cluster up`, each in a fresh temporary state dir, 
 - `up` (no extender): N plain pods (100m CPU, 128 MiB, no GPU), placed and bound by
   kube-scheduler alone;
 - `up --extender`: N gpushare pods (`gpushare.io/gpu-mem` 1..4 GiB, one in five with
-  `gpushare.io/gpu-core`), which kube-scheduler sends to the extender's filter, prioritize and
-  bind (the extender annotates the pod, then posts the Binding).
+  `gpushare.io/gpu-core`), which kube-scheduler sends to the extender's filter (with its
+  default `--candidate-nodes auto` filter passes one node, so prioritize is not called) and
+  bind (the extender posts the Binding, which carries the pod's annotations).
 
 Scheduling, not creating, is measured: every node is cordoned (spec.unschedulable) while
 --writers threads create the N pods, and the clock starts when the nodes are uncordoned

@@ -1,11 +1,11 @@
 """The Binding call: the extender's one API request per pod, over kept-alive connections.
 
 The extender posts a Binding for every pod it places, dozens at once while the API server is
-busy; through lightkube (httpx) each costs about 0.55 ms of the extender's CPU, through
-urllib3's connection pool about 0.29 ms (bench/bench_extender_e2e.py's figures in
-docs/performance.md). Authentication stays lightkube's: the TLS context it builds from the
-kubeconfig (CA, client certificate) and the Authorization header its auth flow gives (a
-token, a service account's token file re-read after a 401, an exec plugin).
+busy; through lightkube (httpx) each cost about twice the CPU it does through urllib3's
+connection pool (bench/bench_binding.py; figures in docs/performance.md). Authentication
+stays lightkube's: the TLS context it builds from the kubeconfig (CA, client certificate)
+and the Authorization header its auth flow gives (a token, a service account's token file
+re-read after a 401, an exec plugin).
 """
 
 from __future__ import annotations
